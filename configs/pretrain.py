@@ -1,0 +1,91 @@
+r"""Pretraining: MLM, MAE-LM or 3ML encoders at any size.
+
+Run (embedded default corpus, the English docs that ship with CPython):
+  python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=tiny \
+      --workdir=/tmp/maelm_tiny
+
+Your own text or a tfds corpus:
+  --config.data.source='text:/data/books/*.txt,/data/web/*.jsonl.gz'
+  --config.data.source='tfds:wikipedia/20230601.en' --config.data.tfds_data_dir=gs://...
+
+Other objectives and decoders:
+  --config=configs/pretrain.py:objective=3ml,size=base --config.model.decoder_type=cross
+  --config=configs/pretrain.py:objective=mlm,size=base
+
+Arguments: objective in (mlm, maelm, 3ml); size in (tiny, small, base, large).
+Knobs left at None take the objective's (model.OBJECTIVES) or size's defaults.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from maelm_jax import config_lib
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, objective="maelm", size="tiny")
+  config = ml_collections.ConfigDict()
+
+  config.total_steps = 10_000
+  config.batch_size = 64  # Global, in sequences.
+  config.seq_len = 128
+  config.learning_rate = 5e-4
+  config.warmup_steps = 500
+  config.end_learning_rate_ratio = 0.0  # Linear decay to this fraction of the peak.
+  config.weight_decay = 0.01
+  config.adam_b1 = 0.9
+  config.adam_b2 = 0.98
+  config.adam_eps = 1e-6
+  config.grad_clip_norm = 2.0
+  config.grad_accum_steps = 1
+  config.seed = 0
+  config.log_every = 50
+  config.eval_every = 1000
+  config.eval_batches = 20
+  config.checkpoint_every = 1000
+  config.keep_checkpoints = 3
+  config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'); one -1 is inferred.
+  config.peak_flops_per_device = 0.0  # 0: look up the device kind (flops.PEAK_FLOPS).
+  config.init_from = ""
+
+  config.data = ml_collections.ConfigDict()
+  config.data.source = "pydoc:"
+  config.data.eval_fraction = 0.01
+  config.data.text_field = "text"
+  config.data.tfds_data_dir = ""
+  config.data.num_workers = 0
+
+  config.tokenizer = ml_collections.ConfigDict()
+  config.tokenizer.vocab_size = 8000
+  config.tokenizer.model_type = "unigram"
+  config.tokenizer.path = ""  # Empty: train one into the workdir (or reuse it).
+  config.tokenizer.max_sentences = 2_000_000
+
+  config.model = ml_collections.ConfigDict()
+  config.model.objective = arg.objective
+  config.model.size = arg.size
+  # Size overrides (0: the preset's value).
+  config.model.num_layers = 0
+  config.model.hidden = 0
+  config.model.num_heads = 0
+  config.model.mlp = 0
+  config.model.max_positions = 512
+  config.model.ln_type = "post"
+  config.model.relative_position_bias = True
+  config.model.relative_buckets = 32
+  config.model.relative_max_distance = 128
+  config.model.dropout = 0.1
+  config.model.attention_dropout = 0.1
+  config.model.dtype = "bfloat16"
+  config.model.remat = False
+  # Objective knobs; None takes the objective's default (model.OBJECTIVES).
+  config.model.mask_ratio = config_dict.placeholder(float)
+  config.model.random_replace_prob = config_dict.placeholder(float)
+  config.model.keep_prob = config_dict.placeholder(float)
+  config.model.drop_masked = config_dict.placeholder(bool)
+  config.model.decoder_type = config_dict.placeholder(str)
+  config.model.decoder_layers = config_dict.placeholder(int)
+  config.model.decoder_dropout = 0.0
+
+  config.lock()
+  return config

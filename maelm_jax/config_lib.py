@@ -1,0 +1,123 @@
+"""Config helpers: the `get_config(arg)` argument parser, objective presets and
+validation that runs before anything is compiled.
+
+Every error says what is wrong and which `--config.x=...` fixes it.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from maelm_jax import model as model_lib
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """`"objective=3ml,size=base"` -> ConfigDict, typed by the defaults (big_vision)."""
+  out = ml_collections.ConfigDict(dict(defaults))
+  for item in filter(None, (arg or "").split(",")):
+    if "=" not in item:
+      raise ValueError(f"config argument {item!r} is not key=value; "
+                       f"known keys: {sorted(defaults)}")
+    key, value = item.split("=", 1)
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; known: {sorted(defaults)}")
+    default = defaults[key]
+    if isinstance(default, bool):
+      value = value.lower() in ("1", "true", "yes")
+    elif default is not None:
+      value = type(default)(value)
+    out[key] = value
+  return out
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Fills the objective's and the size's defaults into unset (None) knobs.
+
+  Knobs are placeholders so that `--config.model.objective=mlm` on the command line
+  switches every objective default with it, while an explicit
+  `--config.model.mask_ratio=0.3` still wins.
+  """
+  config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy.
+  m = config.model
+  if m.objective not in model_lib.OBJECTIVES:
+    raise ValueError(f"model.objective={m.objective!r} is unknown; use one of "
+                     f"{sorted(model_lib.OBJECTIVES)}, e.g. --config.model.objective=maelm")
+  if m.size not in model_lib.SIZES:
+    raise ValueError(f"model.size={m.size!r} is unknown; use one of "
+                     f"{list(model_lib.SIZES)}, e.g. --config.model.size=tiny")
+  for key, value in model_lib.OBJECTIVES[m.objective].items():
+    if m.get(key) is None:
+      m[key] = value
+  if m.get("decoder_layers") is None:
+    m.decoder_layers = 0 if m.decoder_type == "none" else model_lib.SIZES[m.size][4]
+  return config
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Static checks; device-dependent ones live in `train.check_batch_fits_mesh`."""
+  m = config.model
+  errors = []
+
+  def need(cond, msg):
+    if not cond:
+      errors.append(msg)
+
+  need(0.0 < m.mask_ratio < 1.0,
+       f"model.mask_ratio={m.mask_ratio} must be in (0, 1), e.g. 0.15 (MLM/MAE-LM) "
+       "or 0.5 (3ML)")
+  need(0.0 <= m.random_replace_prob < 1.0 and 0.0 <= m.keep_prob < 1.0 and
+       m.random_replace_prob + m.keep_prob < 1.0,
+       f"model.random_replace_prob={m.random_replace_prob} and model.keep_prob="
+       f"{m.keep_prob} must be >= 0 with a sum below 1 (BERT uses 0.1 and 0.1)")
+  need(m.decoder_type in model_lib.DECODER_TYPES,
+       f"model.decoder_type={m.decoder_type!r} must be one of {model_lib.DECODER_TYPES}")
+  if m.drop_masked:
+    need(m.decoder_type != "none",
+         f"objective {m.objective!r} removes masked tokens from the encoder "
+         "(model.drop_masked=True), so a decoder must put [MASK] back: set "
+         "--config.model.decoder_type=self or cross")
+    need(m.decoder_type == "none" or m.decoder_layers >= 1,
+         f"model.decoder_layers={m.decoder_layers}: decoder_type="
+         f"{m.decoder_type!r} needs at least 1 decoder layer")
+  else:
+    need(m.decoder_type != "cross",
+         "model.decoder_type='cross' needs model.drop_masked=True (objective maelm "
+         "or 3ml): with MLM the encoder already sees every position")
+  if m.objective == "mlm":
+    need(m.decoder_type == "none" and m.decoder_layers == 0 and not m.drop_masked,
+         "objective 'mlm' runs the head on the encoder directly; it takes no "
+         f"decoder (got decoder_type={m.decoder_type!r}, decoder_layers="
+         f"{m.decoder_layers}, drop_masked={m.drop_masked}). Use "
+         "--config.model.objective=maelm or 3ml for a decoder")
+  need(0.0 <= m.decoder_dropout < 1.0,
+       f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
+  need(0.0 <= m.dropout < 1.0 and 0.0 <= m.attention_dropout < 1.0,
+       "model.dropout and model.attention_dropout must be in [0, 1)")
+  need(m.ln_type in model_lib.LN_TYPES,
+       f"model.ln_type={m.ln_type!r} must be one of {model_lib.LN_TYPES}")
+  need(m.dtype in ("bfloat16", "float32"),
+       f"model.dtype={m.dtype!r} must be 'bfloat16' or 'float32'")
+  hidden = m.get("hidden") or model_lib.SIZES[m.size][1]
+  heads = m.get("num_heads") or model_lib.SIZES[m.size][2]
+  need(hidden % heads == 0,
+       f"model.hidden={hidden} is not divisible by model.num_heads={heads}")
+  need(8 <= config.seq_len <= m.max_positions,
+       f"seq_len={config.seq_len} must be between 8 and model.max_positions="
+       f"{m.max_positions}; raise --config.model.max_positions")
+  need(config.total_steps >= 1, f"total_steps={config.total_steps} must be >= 1")
+  need(0 <= config.warmup_steps <= config.total_steps,
+       f"warmup_steps={config.warmup_steps} must be in [0, total_steps="
+       f"{config.total_steps}]")
+  need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
+  need(config.batch_size >= 1 and config.grad_accum_steps >= 1 and
+       config.batch_size % config.grad_accum_steps == 0,
+       f"batch_size={config.batch_size} must be a positive multiple of "
+       f"grad_accum_steps={config.grad_accum_steps}")
+  for name in ("log_every", "eval_every", "checkpoint_every"):
+    need(config[name] >= 1, f"{name}={config[name]} must be >= 1")
+  need(config.tokenizer.vocab_size > 5,
+       f"tokenizer.vocab_size={config.tokenizer.vocab_size} is too small")
+  need(config.tokenizer.model_type in ("unigram", "bpe"),
+       f"tokenizer.model_type={config.tokenizer.model_type!r} must be 'unigram' or 'bpe'")
+  if errors:
+    raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))

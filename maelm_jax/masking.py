@@ -1,0 +1,157 @@
+"""Static-shape masking for the MLM / MAE-LM / 3ML family.
+
+Every sequence selects exactly `num_selected` (K) positions for prediction, so every
+array in the train step has a shape known at trace time and XLA compiles one program
+for the whole run. The K selected positions split into three groups of fixed size:
+
+  * `num_mask`   – become `[MASK]` (MLM) or are removed from the encoder (MAE-LM, 3ML);
+  * `num_random` – replaced by a random token and left in the encoder input;
+  * `num_keep`   – left unchanged in the encoder input.
+
+Selection follows MAE for images: draw a uniform score per position, set the score of
+special tokens and padding to +inf, `argsort`, and take the first K. The remaining
+positions are the visible ones. Each index set is sorted, so position lookups and
+relative-position buckets see ascending positions, and everything is gathered with
+`take_along_axis` (no dynamic shapes, no scatter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from maelm_jax.tokenizer import NUM_SPECIAL
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskCounts:
+  """Per-sequence counts, fixed for the run (static shapes)."""
+
+  seq_len: int
+  num_selected: int  # K: positions the head predicts.
+  num_mask: int  # selected positions that become [MASK] / leave the encoder.
+  num_random: int  # selected positions replaced by a random token.
+  num_keep: int  # selected positions left unchanged.
+  drop_masked: bool  # MAE-LM / 3ML: [MASK] positions are removed from the encoder.
+
+  @property
+  def encoder_len(self) -> int:
+    """Length of the sequence the encoder actually runs on."""
+    return self.seq_len - self.num_mask if self.drop_masked else self.seq_len
+
+  @classmethod
+  def create(cls, seq_len: int, mask_ratio: float, random_replace_prob: float,
+             keep_prob: float, drop_masked: bool) -> "MaskCounts":
+    # A packed pretraining row is `[CLS] t_1 .. t_{L-2} [SEP]`: L-2 maskable tokens.
+    maskable = seq_len - 2
+    num_selected = max(1, int(round(mask_ratio * maskable)))
+    num_random = int(round(num_selected * random_replace_prob))
+    num_keep = int(round(num_selected * keep_prob))
+    num_mask = num_selected - num_random - num_keep
+    if num_mask < 0:
+      raise ValueError(
+          f"random_replace_prob ({random_replace_prob}) + keep_prob ({keep_prob}) "
+          "exceeds 1; lower them so that some selected tokens become [MASK].")
+    return cls(seq_len, num_selected, num_mask, num_random, num_keep, drop_masked)
+
+
+@dataclasses.dataclass(frozen=True)
+class Masks:
+  """Index sets for one batch; every array has a static shape [B, ·]."""
+
+  selected_positions: jax.Array  # [B, K] int32, ascending: where the head predicts.
+  selected_weights: jax.Array  # [B, K] f32: 1 where the selected token was maskable.
+  targets: jax.Array  # [B, K] int32: the original ids at selected_positions.
+  encoder_ids: jax.Array  # [B, Le] int32: what the encoder reads.
+  encoder_positions: jax.Array  # [B, Le] int32: original positions of encoder_ids.
+  masked_positions: jax.Array  # [B, num_mask] int32, ascending: [MASK] / removed slots.
+
+
+jax.tree_util.register_dataclass(
+    Masks,
+    data_fields=[f.name for f in dataclasses.fields(Masks)],
+    meta_fields=[])
+
+
+def maskable(input_ids: jax.Array) -> jax.Array:
+  """Special tokens ([PAD] [UNK] [CLS] [SEP] [MASK]) are never selected."""
+  return input_ids >= NUM_SPECIAL
+
+
+def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
+               mask_id: int, vocab_size: int) -> Masks:
+  """Selects and corrupts positions; see the module docstring."""
+  batch, seq_len = input_ids.shape
+  if seq_len != counts.seq_len:
+    raise ValueError(f"batch has length {seq_len} but masks were sized for "
+                     f"{counts.seq_len}")
+  score_key, token_key = jax.random.split(key)
+  can_mask = maskable(input_ids)
+  scores = jnp.where(can_mask, jax.random.uniform(score_key, (batch, seq_len)),
+                     jnp.inf)
+  # The order is random among maskable positions; its first K entries are selected
+  # and, in that random order, split into [MASK] / random / keep groups.
+  order = jnp.argsort(scores, axis=-1).astype(jnp.int32)
+  k, k_mask, k_random = counts.num_selected, counts.num_mask, counts.num_random
+  selected_positions = jnp.sort(order[:, :k], axis=-1)
+  masked_positions = jnp.sort(order[:, :k_mask], axis=-1)
+  random_positions = order[:, k_mask:k_mask + k_random]
+
+  targets = jnp.take_along_axis(input_ids, selected_positions, axis=-1)
+  selected_weights = jnp.take_along_axis(can_mask, selected_positions,
+                                         axis=-1).astype(jnp.float32)
+
+  corrupted = input_ids
+  rows = jnp.arange(batch)[:, None]
+  if k_random:
+    random_tokens = jax.random.randint(token_key, (batch, k_random), NUM_SPECIAL,
+                                       vocab_size, dtype=input_ids.dtype)
+    # Only maskable slots were drawn unless the row had fewer than K of them;
+    # never overwrite a special token in that corner case.
+    keep_special = ~jnp.take_along_axis(can_mask, random_positions, axis=-1)
+    original = jnp.take_along_axis(input_ids, random_positions, axis=-1)
+    corrupted = corrupted.at[rows, random_positions].set(
+        jnp.where(keep_special, original, random_tokens))
+
+  if counts.drop_masked:
+    encoder_positions = jnp.sort(order[:, k_mask:], axis=-1)
+    encoder_ids = jnp.take_along_axis(corrupted, encoder_positions, axis=-1)
+  else:
+    encoder_positions = jnp.broadcast_to(
+        jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
+    is_masked = jnp.zeros((batch, seq_len), bool).at[rows, masked_positions].set(
+        True)
+    encoder_ids = jnp.where(is_masked & can_mask, mask_id, corrupted)
+  return Masks(selected_positions=selected_positions,
+               selected_weights=selected_weights,
+               targets=targets,
+               encoder_ids=encoder_ids,
+               encoder_positions=encoder_positions,
+               masked_positions=masked_positions)
+
+
+def unpermute_to_full_length(encoder_out: jax.Array, encoder_positions: jax.Array,
+                             fill: jax.Array, masked_positions: jax.Array) -> jax.Array:
+  """Puts encoder outputs back at their original slots and `fill` at the others.
+
+  The MAE way: concatenate [encoder outputs ; fill rows] and gather with the inverse
+  of the permutation that produced them. A gather keeps TPUs on their fast path,
+  where a scatter into a zero buffer would not.
+
+  Args:
+    encoder_out: [B, Le, D] outputs at `encoder_positions`.
+    encoder_positions: [B, Le] original positions, ascending.
+    fill: [D] vector placed at every masked slot (the [MASK] embedding).
+    masked_positions: [B, Km] the removed positions; Le + Km == L.
+  Returns:
+    [B, L, D].
+  """
+  batch, _, dim = encoder_out.shape
+  num_masked = masked_positions.shape[1]
+  fill_rows = jnp.broadcast_to(fill.astype(encoder_out.dtype), (batch, num_masked, dim))
+  stacked = jnp.concatenate([encoder_out, fill_rows], axis=1)
+  stacked_positions = jnp.concatenate([encoder_positions, masked_positions], axis=1)
+  inverse = jnp.argsort(stacked_positions, axis=-1)
+  return jnp.take_along_axis(stacked, inverse[..., None], axis=1)

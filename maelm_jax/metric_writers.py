@@ -1,0 +1,54 @@
+"""metrics.jsonl + TensorBoard + console, written by process 0 only."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from absl import logging
+
+
+class MetricWriter:
+
+  def __init__(self, workdir: str, is_main: bool):
+    self.is_main = is_main
+    self._jsonl = self._tb = None
+    if not is_main:
+      return
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    try:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    except ImportError:  # TensorBoard events are optional; jsonl is not.
+      logging.warning("tensorboardX not installed: no TensorBoard events.")
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    if not self.is_main:
+      return
+    record = {"step": int(step)}
+    record.update({k: float(v) for k, v in metrics.items()})
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      for key, value in metrics.items():
+        if math.isfinite(float(value)):
+          self._tb.add_scalar(key, float(value), int(step))
+      self._tb.flush()
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def format_console(step: int, total: int, m: dict[str, float]) -> str:
+  parts = [f"step {step}/{total}"]
+  for key, fmt in (("train/loss", ".4f"), ("train/accuracy", ".3f"), ("lr", ".2e"),
+                   ("tokens_per_sec", ",.0f"), ("mfu", ".2%"), ("eval/loss", ".4f"),
+                   ("eval/accuracy", ".3f")):
+    if key in m:
+      parts.append(f"{key.split('/')[-1] if key.startswith('train/') else key} "
+                   f"{format(m[key], fmt)}")
+  return " | ".join(parts)

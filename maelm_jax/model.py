@@ -1,0 +1,429 @@
+"""Transformer encoder and the masked-LM objective family (MLM, MAE-LM, 3ML).
+
+One model, three objectives, chosen by knobs (see `ModelConfig`):
+
+  objective  encoder input                    after the encoder              head on
+  ---------  -------------------------------  -----------------------------  --------
+  mlm        all L tokens, [MASK] in place    nothing (decoder_type='none')  K slots
+  maelm      the L-K visible tokens           [MASK] re-inserted, decoder    K slots
+  3ml        L-K_mask tokens (random-replaced  as maelm; decoder 'self' over   K slots
+             and kept tokens stay visible)     L or 'cross' from the K slots
+
+The parameter tree is `{token_embed, encoder, decoder?, lm_head}`; `token_embed` and
+`encoder` alone make the fine-tuning encoder (`encoder_params`), so the decoder is
+never built or loaded downstream.
+
+Parameters carry logical axis names (`embed`, `mlp`, `heads`, `kv`, `vocab`, ...)
+that `sharding.LOGICAL_AXIS_RULES` maps onto the ('data', 'fsdp', 'tensor') mesh.
+Parameters are float32; matmuls run in `dtype` (bf16 by default) and softmax, layer
+norm statistics and the loss in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from maelm_jax import masking
+
+SIZES = {
+    # name: (layers, hidden, heads, mlp, default decoder layers)
+    "tiny": (2, 128, 2, 512, 1),
+    "small": (4, 256, 4, 1024, 2),
+    "base": (12, 768, 12, 3072, 4),
+    "large": (24, 1024, 16, 4096, 4),
+}
+
+# Defaults each objective preset starts from; every field is an independent knob.
+OBJECTIVES = {
+    "mlm": dict(mask_ratio=0.15, random_replace_prob=0.1, keep_prob=0.1,
+                drop_masked=False, decoder_type="none"),
+    "maelm": dict(mask_ratio=0.15, random_replace_prob=0.0, keep_prob=0.0,
+                  drop_masked=True, decoder_type="self"),
+    "3ml": dict(mask_ratio=0.5, random_replace_prob=0.1, keep_prob=0.1,
+                drop_masked=True, decoder_type="self"),
+}
+DECODER_TYPES = ("none", "self", "cross")
+LN_TYPES = ("post", "pre")
+NEG_INF = -1e9  # additive mask; finite so fully-masked rows stay NaN-free.
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything the network needs; built from `config.model` by `from_config`."""
+
+  vocab_size: int
+  num_layers: int = 2
+  hidden: int = 128
+  num_heads: int = 2
+  mlp: int = 512
+  max_positions: int = 512
+  ln_type: str = "post"
+  relative_position_bias: bool = True
+  relative_buckets: int = 32
+  relative_max_distance: int = 128
+  dropout: float = 0.1
+  attention_dropout: float = 0.1
+  dtype: Any = jnp.bfloat16
+  remat: bool = False
+  # Objective knobs.
+  mask_ratio: float = 0.15
+  random_replace_prob: float = 0.0
+  keep_prob: float = 0.0
+  drop_masked: bool = True
+  decoder_type: str = "self"
+  decoder_layers: int = 1
+  decoder_dropout: float = 0.0
+  mask_id: int = 4
+
+  @classmethod
+  def from_config(cls, model_cfg, vocab_size: int, mask_id: int) -> "ModelConfig":
+    layers, hidden, heads, mlp, _ = SIZES[model_cfg.size]
+    return cls(
+        vocab_size=vocab_size,
+        num_layers=model_cfg.get("num_layers") or layers,
+        hidden=model_cfg.get("hidden") or hidden,
+        num_heads=model_cfg.get("num_heads") or heads,
+        mlp=model_cfg.get("mlp") or mlp,
+        max_positions=model_cfg.max_positions,
+        ln_type=model_cfg.ln_type,
+        relative_position_bias=model_cfg.relative_position_bias,
+        relative_buckets=model_cfg.relative_buckets,
+        relative_max_distance=model_cfg.relative_max_distance,
+        dropout=model_cfg.dropout,
+        attention_dropout=model_cfg.attention_dropout,
+        dtype=jnp.dtype(model_cfg.dtype),
+        remat=model_cfg.remat,
+        mask_ratio=model_cfg.mask_ratio,
+        random_replace_prob=model_cfg.random_replace_prob,
+        keep_prob=model_cfg.keep_prob,
+        drop_masked=model_cfg.drop_masked,
+        decoder_type=model_cfg.decoder_type,
+        decoder_layers=model_cfg.decoder_layers,
+        decoder_dropout=model_cfg.decoder_dropout,
+        mask_id=mask_id,
+    )
+
+  def mask_counts(self, seq_len: int) -> masking.MaskCounts:
+    return masking.MaskCounts.create(seq_len, self.mask_ratio,
+                                     self.random_replace_prob, self.keep_prob,
+                                     self.drop_masked)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden // self.num_heads
+
+
+def _dense_init():
+  return nn.initializers.normal(stddev=0.02)  # BERT init.
+
+
+def _constrain(x, axes):
+  return nn.with_logical_constraint(x, axes)
+
+
+def relative_position_bucket(relative_position: jax.Array, num_buckets: int,
+                             max_distance: int) -> jax.Array:
+  """T5's bidirectional bucketing: exact for small offsets, log-spaced beyond."""
+  num_buckets //= 2
+  bucket = (relative_position > 0).astype(jnp.int32) * num_buckets
+  distance = jnp.abs(relative_position)
+  max_exact = num_buckets // 2
+  is_small = distance < max_exact
+  log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / (
+      math.log(max_distance / max_exact))
+  large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return bucket + jnp.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+  """One table shared by all layers (as MAE-LM/COCO-LM do), indexed by the
+  original positions, so removed tokens leave the distances of the others intact."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, q_positions, k_positions):
+    cfg = self.cfg
+    table = self.param(
+        "table",
+        nn.with_logical_partitioning(_dense_init(), ("rel_buckets", "heads")),
+        (cfg.relative_buckets, cfg.num_heads), jnp.float32)
+    rel = k_positions[:, None, :] - q_positions[:, :, None]  # [B, n, m]
+    buckets = relative_position_bucket(rel, cfg.relative_buckets,
+                                       cfg.relative_max_distance)
+    return jnp.transpose(table[buckets], (0, 3, 1, 2))  # [B, H, n, m]
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+  dropout_rate: float
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_q, x_kv, bias):
+    """bias: additive float32 [B|1, H|1, n, m] (padding mask + position bias)."""
+    cfg = self.cfg
+    proj = lambda name: nn.DenseGeneral(
+        (cfg.num_heads, cfg.head_dim), dtype=cfg.dtype, name=name,
+        kernel_init=nn.with_logical_partitioning(_dense_init(),
+                                                 ("embed", "heads", "kv")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                               ("heads", "kv")))
+    q = proj("query")(x_q) * (1.0 / math.sqrt(cfg.head_dim))
+    k = proj("key")(x_kv)
+    v = proj("value")(x_kv)
+    q = _constrain(q, ("batch", "act_len", "act_heads", "act_kv"))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                        preferred_element_type=jnp.float32) + bias
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+    probs = nn.Dropout(self.dropout_rate)(probs, deterministic=self.deterministic)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    return nn.DenseGeneral(
+        cfg.hidden, axis=(-2, -1), dtype=cfg.dtype, name="out",
+        kernel_init=nn.with_logical_partitioning(_dense_init(),
+                                                 ("heads", "kv", "embed")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                               ("norm",)))(out)
+
+
+def _layer_norm(cfg, name):
+  return nn.LayerNorm(epsilon=1e-5, dtype=cfg.dtype, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones,
+                                                              ("norm",)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                             ("norm",)))
+
+
+class Mlp(nn.Module):
+  cfg: ModelConfig
+  dropout_rate: float
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    h = nn.Dense(cfg.mlp, dtype=cfg.dtype, name="wi",
+                 kernel_init=nn.with_logical_partitioning(_dense_init(),
+                                                          ("embed", "mlp")),
+                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                        ("mlp",)))(x)
+    h = nn.gelu(h, approximate=False)
+    h = _constrain(h, ("batch", "act_len", "act_mlp"))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
+    return nn.Dense(cfg.hidden, dtype=cfg.dtype, name="wo",
+                    kernel_init=nn.with_logical_partitioning(_dense_init(),
+                                                             ("mlp", "embed")),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                           ("norm",)))(h)
+
+
+class TransformerLayer(nn.Module):
+  """Self-attention, optional cross-attention, MLP; post-LN or pre-LN."""
+
+  cfg: ModelConfig
+  dropout_rate: float
+  attention_dropout_rate: float
+  deterministic: bool
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, x, self_bias, memory=None, cross_bias=None):
+    cfg, det = self.cfg, self.deterministic
+    drop = lambda y: nn.Dropout(self.dropout_rate)(y, deterministic=det)
+    attn = lambda name: Attention(cfg, self.attention_dropout_rate, det, name=name)
+    pre = cfg.ln_type == "pre"
+
+    def sublayer(x, fn, name):
+      if pre:
+        return x + drop(fn(_layer_norm(cfg, f"{name}_ln")(x)))
+      return _layer_norm(cfg, f"{name}_ln")(x + drop(fn(x)))
+
+    x = sublayer(x, lambda h: attn("self_attn")(h, h, self_bias), "self_attn")
+    if self.cross_attention:
+      x = sublayer(x, lambda h: attn("cross_attn")(h, memory, cross_bias),
+                   "cross_attn")
+    x = sublayer(x, Mlp(cfg, self.dropout_rate, det, name="mlp"), "mlp")
+    return _constrain(x, ("batch", "act_len", "act_embed"))
+
+
+def _padding_bias(key_valid):
+  """[B, m] bool -> additive [B, 1, 1, m]."""
+  return jnp.where(key_valid, 0.0, NEG_INF)[:, None, None, :].astype(jnp.float32)
+
+
+def _positions_table(cfg, name):
+  return nn.Embed(cfg.max_positions, cfg.hidden, name=name,
+                  embedding_init=nn.with_logical_partitioning(_dense_init(),
+                                                              ("pos", "embed")))
+
+
+class Stack(nn.Module):
+  """Layers with their own absolute position table and input LayerNorm."""
+
+  cfg: ModelConfig
+  num_layers: int
+  dropout_rate: float
+  attention_dropout_rate: float
+  deterministic: bool
+  relative_position_bias: bool = False
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, x, positions, key_valid, memory=None, memory_valid=None):
+    """x: [B, n, D] token vectors at original `positions` [B, n]."""
+    cfg = self.cfg
+    x = x + _positions_table(cfg, "position_embed")(positions).astype(x.dtype)
+    if cfg.ln_type == "post":  # BERT/RoBERTa: LayerNorm on the summed embeddings.
+      x = _layer_norm(cfg, "input_ln")(x)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
+    x = _constrain(x.astype(cfg.dtype), ("batch", "act_len", "act_embed"))
+
+    self_bias = _padding_bias(key_valid)
+    if self.relative_position_bias:
+      # Computed once, added in every layer.
+      self_bias = self_bias + RelativePositionBias(cfg, name="relative_bias")(
+          positions, positions)
+    cross_bias = None if memory is None else _padding_bias(memory_valid)
+
+    layer_cls = nn.remat(TransformerLayer) if cfg.remat else TransformerLayer
+    for i in range(self.num_layers):
+      x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,
+                    self.deterministic, self.cross_attention,
+                    name=f"layer_{i}")(x, self_bias, memory, cross_bias)
+    if cfg.ln_type == "pre":
+      x = _layer_norm(cfg, "final_ln")(x)
+    return x
+
+
+class LMHead(nn.Module):
+  """dense -> GELU -> LayerNorm -> projection tied to the word embeddings + bias."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, embedding):
+    cfg = self.cfg
+    x = nn.Dense(cfg.hidden, dtype=cfg.dtype, name="dense",
+                 kernel_init=nn.with_logical_partitioning(_dense_init(),
+                                                          ("embed", "embed_out")),
+                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                        ("norm",)))(x)
+    x = _layer_norm(cfg, "ln")(nn.gelu(x, approximate=False))
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                           ("vocab",)),
+                      (cfg.vocab_size,), jnp.float32)
+    logits = jnp.einsum("bkd,vd->bkv", x.astype(cfg.dtype),
+                        embedding.astype(cfg.dtype),
+                        preferred_element_type=jnp.float32)
+    return _constrain(logits + bias, ("batch", "act_len", "act_vocab"))
+
+
+class Encoder(nn.Module):
+  """Token embeddings + encoder stack: the part kept for fine-tuning."""
+
+  cfg: ModelConfig
+  deterministic: bool = True
+
+  def setup(self):
+    cfg = self.cfg
+    self.token_embed = nn.Embed(
+        cfg.vocab_size, cfg.hidden, name="token_embed",
+        embedding_init=nn.with_logical_partitioning(_dense_init(),
+                                                    ("vocab", "embed")))
+    self.encoder = Stack(cfg, cfg.num_layers, cfg.dropout, cfg.attention_dropout,
+                         self.deterministic, cfg.relative_position_bias,
+                         name="encoder")
+
+  def __call__(self, input_ids, positions=None, valid=None):
+    """input_ids [B, n] at original positions [B, n] (default 0..n-1); valid marks
+    real (non-padding) tokens. Returns [B, n, D]."""
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+    if valid is None:
+      valid = input_ids != 0  # [PAD]
+    return self.encoder(self.token_embed(input_ids), positions, valid)
+
+
+class MaskedLM(nn.Module):
+  """Encoder + (optional) decoder + LM head on the K selected positions."""
+
+  cfg: ModelConfig
+  deterministic: bool = True
+
+  def setup(self):
+    cfg = self.cfg
+    self.token_embed = nn.Embed(
+        cfg.vocab_size, cfg.hidden, name="token_embed",
+        embedding_init=nn.with_logical_partitioning(_dense_init(),
+                                                    ("vocab", "embed")))
+    self.encoder = Stack(cfg, cfg.num_layers, cfg.dropout, cfg.attention_dropout,
+                         self.deterministic, cfg.relative_position_bias,
+                         name="encoder")
+    if cfg.decoder_type != "none":
+      self.decoder = Stack(cfg, cfg.decoder_layers, cfg.decoder_dropout,
+                           cfg.decoder_dropout, self.deterministic,
+                           relative_position_bias=False,
+                           cross_attention=cfg.decoder_type == "cross",
+                           name="decoder")
+    self.lm_head = LMHead(cfg, name="lm_head")
+
+  def __call__(self, masks: masking.Masks) -> jax.Array:
+    """Returns float32 logits [B, K, V] at `masks.selected_positions`."""
+    cfg = self.cfg
+    enc_valid = masks.encoder_ids != 0
+    enc_out = self.encoder(self.token_embed(masks.encoder_ids),
+                           masks.encoder_positions, enc_valid)
+    if cfg.decoder_type == "none":
+      # MLM: the encoder ran on all L positions; read the selected ones.
+      hidden = jnp.take_along_axis(enc_out, masks.selected_positions[..., None],
+                                   axis=1)
+    else:
+      mask_vector = self.token_embed.embedding[cfg.mask_id]
+      full = (masking.unpermute_to_full_length(enc_out, masks.encoder_positions,
+                                               mask_vector, masks.masked_positions)
+              if cfg.drop_masked else enc_out)
+      seq_len = full.shape[1]
+      if cfg.decoder_type == "self":
+        positions = jnp.broadcast_to(jnp.arange(seq_len), full.shape[:2])
+        full_valid = jnp.ones(full.shape[:2], bool)
+        if cfg.drop_masked:  # padding slots keep their place among the visible.
+          full_valid = jnp.take_along_axis(
+              jnp.concatenate([enc_valid, jnp.ones_like(masks.masked_positions,
+                                                        bool)], axis=1),
+              jnp.argsort(jnp.concatenate([masks.encoder_positions,
+                                           masks.masked_positions], axis=1)),
+              axis=1)
+        dec_out = self.decoder(full, positions, full_valid)
+        hidden = jnp.take_along_axis(dec_out, masks.selected_positions[..., None],
+                                     axis=1)
+      else:  # cross: the decoder sequence is the K selected slots only.
+        queries = jnp.take_along_axis(full, masks.selected_positions[..., None],
+                                      axis=1)
+        hidden = self.decoder(queries, masks.selected_positions,
+                              jnp.ones(queries.shape[:2], bool), memory=enc_out,
+                              memory_valid=enc_valid)
+    return self.lm_head(hidden, self.token_embed.embedding)
+
+
+ENCODER_COLLECTIONS = ("token_embed", "encoder")
+
+
+def encoder_params(params):
+  """The fine-tuning view: drops the decoder and the pretraining head."""
+  return {k: params[k] for k in ENCODER_COLLECTIONS}
+
+
+def masked_lm_loss(logits, targets, weights):
+  """Summed cross-entropy, number of correct predictions, and total weight."""
+  logits = logits.astype(jnp.float32)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return (nll * weights).sum(), (correct * weights).sum(), weights.sum()

@@ -1,0 +1,193 @@
+"""Pure pieces of training: state, optimizer, sharded init, train and eval steps.
+
+Nothing here touches files or the data pipeline, so tests can build and run every
+piece on any mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from maelm_jax import masking, sharding
+from maelm_jax.model import MaskedLM, ModelConfig, masked_lm_loss
+
+EVAL_SEED_OFFSET = 7919  # Eval masks come from their own stream, fixed for the run.
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # uint32[2]; masks and dropout use fold_in(rng, step).
+
+
+def learning_rate_schedule(config) -> optax.Schedule:
+  """Linear warm-up from 0, then linear decay to end_learning_rate_ratio * peak."""
+  peak = config.learning_rate
+  warmup = optax.linear_schedule(0.0, peak, max(config.warmup_steps, 1))
+  decay = optax.linear_schedule(peak, peak * config.end_learning_rate_ratio,
+                                max(config.total_steps - config.warmup_steps, 1))
+  return optax.join_schedules([warmup, decay], [config.warmup_steps])
+
+
+def weight_decay_mask(params):
+  """AdamW decays matrices and embeddings; not biases nor LayerNorm scales."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: path[-1].key not in ("bias", "scale"), params)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  return optax.chain(
+      optax.clip_by_global_norm(config.grad_clip_norm),
+      optax.adamw(learning_rate_schedule(config), b1=config.adam_b1,
+                  b2=config.adam_b2, eps=config.adam_eps,
+                  weight_decay=config.weight_decay, mask=weight_decay_mask),
+  )
+
+
+def _dummy_masks(cfg: ModelConfig, seq_len: int, batch: int = 1) -> masking.Masks:
+  counts = cfg.mask_counts(seq_len)
+  ids = jnp.full((batch, seq_len), 5, jnp.int32)
+  return masking.draw_masks(jax.random.PRNGKey(0), ids, counts, mask_id=cfg.mask_id,
+                            vocab_size=cfg.vocab_size)
+
+
+def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: int):
+  """Builds the train state already sharded over `mesh`.
+
+  jax.eval_shape -> logical partition specs -> mesh shardings -> jit(init) with
+  out_shardings, so no parameter is ever materialised on a single device.
+  Returns (state, state_shardings).
+  """
+  model = MaskedLM(model_cfg)
+
+  def init_boxed(rng):
+    return model.init(rng, _dummy_masks(model_cfg, seq_len))["params"]
+
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    abstract_boxed = jax.eval_shape(init_boxed, jax.random.PRNGKey(0))
+    param_specs = nn.get_partition_spec(abstract_boxed)
+    abstract_params = nn.meta.unbox(abstract_boxed)
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    opt_specs = optax.tree_map_params(
+        tx, lambda _, spec: spec, abstract_opt, param_specs,
+        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    specs = TrainState(step=jax.sharding.PartitionSpec(), params=param_specs,
+                       opt_state=opt_specs, rng=jax.sharding.PartitionSpec())
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
+
+    def init(seed_array):
+      rng = jax.random.PRNGKey(seed_array)
+      init_rng, state_rng = jax.random.split(rng)
+      params = nn.meta.unbox(init_boxed(init_rng))
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                        opt_state=tx.init(params), rng=state_rng)
+
+    state = jax.jit(init, out_shardings=shardings)(jnp.uint32(seed))
+  return state, shardings
+
+
+def _split_microbatches(tree, num_micro: int):
+  """[B, ...] -> [A, B/A, ...], microbatch i = rows i, i+A, i+2A, ...
+
+  Strided, so each microbatch takes an equal share of every device's rows and no
+  data moves between devices.
+  """
+  def split(x):
+    x = x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, tree)
+
+
+def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: int = 1):
+  """Returns train_step(state, batch) -> (state, metrics); jit it with shardings."""
+  model = MaskedLM(model_cfg, deterministic=False)
+  counts = model_cfg.mask_counts(seq_len)
+
+  def train_step(state: TrainState, batch):
+    step_rng = jax.random.fold_in(state.rng, state.step)
+    mask_rng, dropout_rng = jax.random.split(step_rng)
+    masks = masking.draw_masks(mask_rng, batch["input_ids"], counts,
+                               mask_id=model_cfg.mask_id,
+                               vocab_size=model_cfg.vocab_size)
+    # Normalise by the token count of the whole global batch, so gradient
+    # accumulation changes memory use, not the update.
+    total_weight = jnp.maximum(masks.selected_weights.sum(), 1.0)
+
+    def loss_fn(params, micro_masks, rng):
+      logits = model.apply({"params": params}, micro_masks, rngs={"dropout": rng})
+      loss_sum, correct, _ = masked_lm_loss(logits, micro_masks.targets,
+                                            micro_masks.selected_weights)
+      return loss_sum / total_weight, (loss_sum, correct)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if grad_accum_steps == 1:
+      (_, (loss_sum, correct)), grads = grad_fn(state.params, masks, dropout_rng)
+    else:
+      micro = _split_microbatches(masks, grad_accum_steps)
+
+      def accumulate(carry, inputs):
+        grads_acc, loss_acc, correct_acc = carry
+        index, micro_masks = inputs
+        (_, (loss_sum, correct)), grads = grad_fn(
+            state.params, micro_masks, jax.random.fold_in(dropout_rng, index))
+        grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+        return (grads_acc, loss_acc + loss_sum, correct_acc + correct), None
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (grads, loss_sum, correct), _ = jax.lax.scan(
+          accumulate, (zeros, 0.0, 0.0),
+          (jnp.arange(grad_accum_steps), micro))
+
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+        "loss": loss_sum / total_weight,
+        "accuracy": correct / total_weight,
+        "grad_norm": optax.global_norm(grads),
+    }
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model_cfg: ModelConfig, seq_len: int):
+  """Returns eval_step(params, batch, batch_index) -> sums; masks are fixed per
+  batch index, so every evaluation of a run scores the same tokens."""
+  model = MaskedLM(model_cfg, deterministic=True)
+  counts = model_cfg.mask_counts(seq_len)
+
+  def eval_step(params, batch, eval_rng, batch_index):
+    masks = masking.draw_masks(jax.random.fold_in(eval_rng, batch_index),
+                               batch["input_ids"], counts, mask_id=model_cfg.mask_id,
+                               vocab_size=model_cfg.vocab_size)
+    logits = model.apply({"params": params}, masks)
+    loss_sum, correct, weight = masked_lm_loss(logits, masks.targets,
+                                               masks.selected_weights)
+    return {"loss_sum": loss_sum, "correct": correct, "weight": weight}
+
+  return eval_step
+
+
+def jit_steps(model_cfg, seq_len, tx, mesh, state_shardings, grad_accum_steps=1):
+  """jit-compiled train and eval steps with explicit shardings; state donated."""
+  batch_shardings = {"input_ids": sharding.batch_sharding(mesh)}
+  replicated = sharding.replicated(mesh)
+  train_step = jax.jit(
+      make_train_step(model_cfg, seq_len, tx, grad_accum_steps),
+      in_shardings=(state_shardings, batch_shardings),
+      out_shardings=(state_shardings, replicated),
+      donate_argnums=0)
+  eval_step = jax.jit(
+      make_eval_step(model_cfg, seq_len),
+      in_shardings=(state_shardings.params, batch_shardings, replicated, replicated),
+      out_shardings=replicated)
+  return train_step, eval_step

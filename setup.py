@@ -1,0 +1,26 @@
+"""maelm-jax: MAE-LM, 3ML and MLM pretraining of text encoders in JAX/Flax."""
+from setuptools import find_packages, setup
+
+setup(
+    name="maelm_jax",
+    version="0.1.0",
+    description="TPU-first JAX/Flax pretraining of masked-language-model encoders (MAE-LM, 3ML, MLM).",
+    packages=find_packages(include=["maelm_jax", "maelm_jax.*"]),
+    python_requires=">=3.10",
+    # Lower bounds are the versions measured to work on Python 3.11 / CPU; newer
+    # releases (the GPU image runs jax 0.11) are allowed.
+    install_requires=[
+        "jax>=0.10.0",
+        "flax>=0.12.0",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.12.0",
+        "grain>=0.2.12",
+        "tensorflow-datasets>=4.9.9",
+        "sentencepiece>=0.2.0",
+        "ml-collections>=1.0.0",
+        "absl-py>=2.1.0",
+        "numpy>=1.26",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={"test": ["pytest>=8.0", "pytest-xdist>=3.5"]},
+)

@@ -1,0 +1,122 @@
+"""Static-shape masking invariants."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import masking
+from tests.helpers import random_ids
+
+VOCAB = 50
+
+
+def draw(ids, ratio=0.15, replace=0.0, keep=0.0, drop=True, seed=0):
+  counts = masking.MaskCounts.create(ids.shape[1], ratio, replace, keep, drop)
+  masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids), counts,
+                             mask_id=4, vocab_size=VOCAB)
+  return counts, jax.tree.map(np.asarray, masks)
+
+
+@pytest.mark.parametrize("ratio,replace,keep", [(0.15, 0.0, 0.0), (0.5, 0.1, 0.1),
+                                                (0.3, 0.2, 0.0)])
+def test_counts_are_exact_and_sets_disjoint(ratio, replace, keep):
+  ids = random_ids(16, 64, VOCAB)
+  counts, m = draw(ids, ratio, replace, keep)
+  k = int(round(ratio * 62))
+  assert counts.num_selected == k
+  assert counts.num_random == round(k * replace)
+  assert counts.num_mask + counts.num_random + counts.num_keep == k
+  assert m.selected_positions.shape == (16, k)
+  assert m.encoder_ids.shape == (16, 64 - counts.num_mask)
+  for row in range(16):
+    sel = m.selected_positions[row]
+    assert len(set(sel)) == k and np.all(np.diff(sel) > 0)
+    masked, visible = set(m.masked_positions[row]), set(m.encoder_positions[row])
+    assert masked <= set(sel)
+    assert not masked & visible
+    assert masked | visible == set(range(64))
+    assert np.all(np.diff(m.encoder_positions[row]) > 0)
+
+
+def test_special_tokens_and_padding_never_selected():
+  ids = random_ids(32, 40, VOCAB, num_pad=10)
+  ids[:, 12] = 3  # A document separator inside the row.
+  _, m = draw(ids, ratio=0.5)
+  picked = np.take_along_axis(ids, m.selected_positions, axis=1)
+  assert np.all(picked >= 5)
+  assert np.all(m.selected_weights == 1.0)
+  np.testing.assert_array_equal(m.targets, picked)
+
+
+def test_short_rows_get_zero_weight_not_special_targets():
+  ids = random_ids(4, 32, VOCAB, num_pad=25)  # Only 5 maskable tokens, K = 15.
+  counts, m = draw(ids, ratio=0.5)
+  assert counts.num_selected == 15
+  np.testing.assert_array_equal(m.selected_weights.sum(axis=1), [5, 5, 5, 5])
+
+
+def test_deterministic_for_a_key_and_different_across_rows_and_keys():
+  ids = np.tile(random_ids(1, 64, VOCAB), (8, 1))  # Identical rows.
+  _, a = draw(ids, seed=3)
+  _, b = draw(ids, seed=3)
+  _, c = draw(ids, seed=4)
+  np.testing.assert_array_equal(a.selected_positions, b.selected_positions)
+  assert len({tuple(r) for r in a.selected_positions}) == 8
+  assert not np.array_equal(a.selected_positions, c.selected_positions)
+
+
+def test_mlm_corruption_80_10_10_in_place():
+  ids = random_ids(8, 128, VOCAB)
+  counts, m = draw(ids, ratio=0.15, replace=0.1, keep=0.1, drop=False)
+  assert m.encoder_ids.shape == ids.shape
+  np.testing.assert_array_equal(m.encoder_positions[0], np.arange(128))
+  is_mask = m.encoder_ids == 4
+  assert np.all(is_mask.sum(axis=1) == counts.num_mask)
+  for row in range(8):
+    np.testing.assert_array_equal(np.flatnonzero(is_mask[row]), m.masked_positions[row])
+  unselected = np.ones_like(ids, bool)
+  np.put_along_axis(unselected, m.selected_positions, False, axis=1)
+  np.testing.assert_array_equal(m.encoder_ids[unselected], ids[unselected])
+  # Random replacements are ordinary tokens; at most num_random positions change.
+  changed = (m.encoder_ids != ids) & ~is_mask
+  assert np.all(changed.sum(axis=1) <= counts.num_random)
+  assert changed.sum() > 0
+  assert np.all(m.encoder_ids >= 2)
+
+
+def test_3ml_drops_only_mask_group_random_tokens_stay_visible():
+  ids = random_ids(8, 64, VOCAB)
+  counts, m = draw(ids, ratio=0.5, replace=0.1, keep=0.1, drop=True)
+  # Random-replaced and kept tokens stay: the encoder sees more than L - K.
+  assert counts.encoder_len == 64 - counts.num_mask > 64 - counts.num_selected
+  assert not np.any(m.encoder_ids == 4)
+  original_at_visible = np.take_along_axis(ids, m.encoder_positions, axis=1)
+  changed = (m.encoder_ids != original_at_visible).sum(axis=1)
+  assert np.all(changed <= counts.num_random) and changed.sum() > 0
+  # Every selected-but-visible slot is in the encoder input.
+  for row in range(8):
+    visible_selected = set(m.selected_positions[row]) - set(m.masked_positions[row])
+    assert len(visible_selected) == counts.num_random + counts.num_keep
+    assert visible_selected <= set(m.encoder_positions[row])
+
+
+def test_gather_then_unpermute_round_trip():
+  ids = random_ids(4, 48, VOCAB)
+  _, m = draw(ids, ratio=0.3)
+  x = np.random.RandomState(1).randn(4, 48, 8).astype(np.float32)
+  fill = np.arange(8, dtype=np.float32) + 100
+  visible = np.take_along_axis(x, m.encoder_positions[..., None], axis=1)
+  full = masking.unpermute_to_full_length(jnp.asarray(visible),
+                                          jnp.asarray(m.encoder_positions),
+                                          jnp.asarray(fill),
+                                          jnp.asarray(m.masked_positions))
+  is_masked = np.zeros((4, 48), bool)
+  np.put_along_axis(is_masked, m.masked_positions, True, axis=1)
+  expected = np.where(is_masked[..., None], fill, x)
+  np.testing.assert_array_equal(np.asarray(full), expected)
+
+
+def test_too_much_replacement_is_an_error():
+  with pytest.raises(ValueError, match="keep_prob"):
+    masking.MaskCounts.create(64, 0.5, 0.7, 0.4, True)

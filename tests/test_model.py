@@ -1,0 +1,148 @@
+"""The model family against straightforward reference computations."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import masking, model as model_lib
+from tests.helpers import random_ids, tiny_config
+
+VOCAB = 120
+
+
+def build(objective="maelm", **overrides):
+  config = tiny_config(objective, **overrides)
+  cfg = model_lib.ModelConfig.from_config(config.model, vocab_size=VOCAB, mask_id=4)
+  return cfg
+
+
+def init(cfg, masks):
+  boxed = model_lib.MaskedLM(cfg).init(jax.random.PRNGKey(0), masks)["params"]
+  return nn.meta.unbox(boxed)
+
+
+def draw(cfg, ids, seed=1):
+  return masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids),
+                            cfg.mask_counts(ids.shape[1]), mask_id=4,
+                            vocab_size=VOCAB)
+
+
+def padding_reference_loss(cfg, params, ids, masks):
+  """MAE-LM the way variable-length code (fairseq) does it, at full length:
+  masked slots become padding for the encoder (excluded as keys), then the decoder
+  reads encoder outputs with the [MASK] embedding at masked slots; the head runs at
+  every position and the loss is averaged over masked positions."""
+  ids = jnp.asarray(ids)
+  batch, seq_len = ids.shape
+  is_masked = jnp.zeros((batch, seq_len), bool).at[
+      jnp.arange(batch)[:, None], masks.masked_positions].set(True)
+
+  def forward(mdl):
+    positions = jnp.broadcast_to(jnp.arange(seq_len), ids.shape)
+    enc = mdl.encoder(mdl.token_embed(ids), positions, ~is_masked & (ids != 0))
+    mask_vector = mdl.token_embed.embedding[4]
+    dec_in = jnp.where(is_masked[..., None], mask_vector, enc)
+    if cfg.decoder_type == "self":
+      dec = mdl.decoder(dec_in, positions, jnp.ones_like(is_masked))
+    else:
+      dec = dec_in
+    return mdl.lm_head(dec, mdl.token_embed.embedding)
+
+  logits = nn.apply(forward, model_lib.MaskedLM(cfg))({"params": params})
+  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], -1)[..., 0]
+  return float((nll * is_masked).sum() / is_masked.sum())
+
+
+@pytest.mark.parametrize("ln_type,rel", [("post", True), ("pre", False)])
+def test_maelm_loss_equals_padding_reference(ln_type, rel):
+  cfg = build("maelm", **{"model.ln_type": ln_type,
+                          "model.relative_position_bias": rel})
+  ids = random_ids(4, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  assert logits.shape == (4, cfg.mask_counts(32).num_selected, VOCAB)
+  loss_sum, _, weight = model_lib.masked_lm_loss(logits, masks.targets,
+                                                 masks.selected_weights)
+  ours = float(loss_sum / weight)
+  reference = padding_reference_loss(cfg, params, ids, masks)
+  assert ours == pytest.approx(reference, rel=1e-5)
+  assert ours == pytest.approx(np.log(VOCAB), rel=0.1)  # Untrained: near uniform.
+
+
+def test_mlm_is_a_plain_encoder_with_a_sparse_head():
+  cfg = build("mlm")
+  ids = random_ids(4, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  assert set(params) == {"token_embed", "encoder", "lm_head"}
+  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+
+  def dense_head(mdl):  # Head on every position, then read the selected ones.
+    hidden = mdl.encoder(mdl.token_embed(masks.encoder_ids), masks.encoder_positions,
+                         masks.encoder_ids != 0)
+    return mdl.lm_head(hidden, mdl.token_embed.embedding)
+  full = nn.apply(dense_head, model_lib.MaskedLM(cfg))({"params": params})
+  expected = jnp.take_along_axis(full, masks.selected_positions[..., None], axis=1)
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cross_decoder_reads_only_selected_slots():
+  cfg = build("3ml", **{"model.decoder_type": "cross"})
+  ids = random_ids(2, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  assert "cross_attn" in params["decoder"]["layer_0"]
+  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  assert logits.shape == (2, cfg.mask_counts(32).num_selected, VOCAB)
+  # The decoder sequence is the K selected slots: logits at one slot depend on the
+  # encoder (cross-attention), so changing a visible unselected token changes them.
+  visible_only = np.setdiff1d(np.asarray(masks.encoder_positions[0]),
+                              np.asarray(masks.selected_positions[0]))
+  idx = int(np.flatnonzero(np.asarray(masks.encoder_positions[0]) == visible_only[3])[0])
+  changed = masks.encoder_ids.at[0, idx].set(7 if masks.encoder_ids[0, idx] != 7 else 8)
+  other = model_lib.MaskedLM(cfg).apply(
+      {"params": params}, masks.__class__(**{**masks.__dict__, "encoder_ids": changed}))
+  assert not np.allclose(logits[0], other[0])
+  np.testing.assert_allclose(logits[1], other[1], rtol=1e-6)
+
+
+def test_encoder_view_needs_no_decoder_and_matches_pretraining_encoder():
+  cfg = build("maelm")
+  ids = random_ids(2, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  enc_params = model_lib.encoder_params(params)
+  assert set(enc_params) == {"token_embed", "encoder"}
+  out = model_lib.Encoder(cfg).apply({"params": enc_params}, jnp.asarray(ids))
+  assert out.shape == (2, 32, cfg.hidden)
+  # Same weights, same computation as inside the pretraining model.
+  inner = nn.apply(lambda m: m.encoder(m.token_embed(jnp.asarray(ids)),
+                                       jnp.broadcast_to(jnp.arange(32), ids.shape),
+                                       jnp.asarray(ids) != 0),
+                   model_lib.MaskedLM(cfg))({"params": params})
+  np.testing.assert_allclose(out, inner, rtol=1e-6)
+
+
+def test_relative_bucket_is_symmetric_exact_then_logarithmic():
+  rel = jnp.arange(-200, 201)
+  buckets = np.asarray(model_lib.relative_position_bucket(rel, 32, 128))
+  assert buckets.min() >= 0 and buckets.max() < 32
+  assert len(set(buckets[195:206])) == 11  # Distances below 8 are exact.
+  assert buckets[200 + 150] == buckets[200 + 128]  # Beyond max distance: one bucket.
+  assert buckets[0] != buckets[-1]  # Direction matters.
+
+
+def test_bf16_compute_keeps_fp32_params_and_logits():
+  cfg = build("maelm", **{"model.dtype": "bfloat16"})
+  ids = random_ids(2, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  assert logits.dtype == jnp.float32
+  cfg32 = build("maelm")
+  logits32 = model_lib.MaskedLM(cfg32).apply({"params": params}, masks)
+  np.testing.assert_allclose(logits, logits32, atol=0.05)
