@@ -4,6 +4,9 @@
       --workdir=/tmp/maelm [--config.data.source=text:/data/*.txt] [--config.x=...]
 """
 
+import logging as pylogging
+import os
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -14,15 +17,43 @@ flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer 
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+class _QuietLibraries(pylogging.Filter):
+  """Orbax and grain log every file they touch at INFO; keep their warnings."""
+
+  def filter(self, record):
+    noisy = any(name in record.pathname for name in ("/orbax/", "/grain/"))
+    return record.levelno >= pylogging.WARNING or not noisy
+
+
+def summary(workdir: str, last: dict) -> str:
+  workdir = os.path.abspath(workdir)
+  lines = ["", "=" * 72, "Done."]
+  if "eval/loss" in last:
+    lines.append(f"  held-out masked-token loss {last['eval/loss']:.4f}, "
+                 f"accuracy {last['eval/accuracy']:.2%}")
+  lines += [
+      f"  metrics:     {workdir}/metrics.jsonl (TensorBoard: {workdir}/tensorboard)",
+      f"  checkpoints: {workdir}/checkpoints   tokenizer: {workdir}/tokenizer.model",
+      f"  config:      {workdir}/config.json",
+      "The same command on other data (use a new --workdir):",
+      "  your text:  --config.data.source='text:/path/to/*.txt'  (.gz .xz .jsonl too)",
+      "  a tfds corpus: --config.data.source='tfds:wikipedia/20230601.en' "
+      "--config.data.tfds_data_dir=/path/to/tensorflow_datasets",
+      "=" * 72]
+  return "\n".join(lines)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # Imported late so that --xla flags and env set by launchers apply.
   from maelm_jax import train
   logging.info("JAX %s, %d processes, devices: %s", jax.__version__,
                jax.process_count(), jax.devices())
   last = train.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
-  logging.info("done: %s", last)
+  if jax.process_index() == 0:
+    print(summary(flags.FLAGS.workdir, last), flush=True)
 
 
 if __name__ == "__main__":

@@ -104,11 +104,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       path=config.tokenizer.path or None,
       max_sentences=config.tokenizer.max_sentences, seed=config.seed,
       is_writer=is_main)
-  check_corpus_fills_a_batch(train_source, tokenizer, config.seq_len,
-                             config.batch_size, "train")
+  # Each process reads 1/process_count of the documents and needs its share of
+  # the batch, so the whole split must hold a global batch.
+  for source, split in ((train_source, "train"), (eval_source, "eval")):
+    check_corpus_fills_a_batch(source, tokenizer, config.seq_len, config.batch_size,
+                               split)
   local_batch = config.batch_size // jax.process_count()
-  check_corpus_fills_a_batch(eval_source, tokenizer, config.seq_len, local_batch,
-                             "eval")
   if is_main:
     write_config(config, workdir)
 

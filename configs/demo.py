@@ -1,0 +1,38 @@
+r"""The embedded default behind `make demo`: a tiny MAE-LM, offline, in minutes.
+
+  python -m maelm_jax.main --config=configs/demo.py --workdir=workdirs/demo
+
+Trains a SentencePiece tokenizer and pretrains a tiny MAE-LM on the English
+documentation that ships with CPython (`pydoc_data`), then evaluates held-out
+masked-token loss and accuracy and saves a checkpoint. Everything is
+`configs/pretrain.py`; only the run length and logging cadence differ.
+"""
+
+import importlib.util
+import pathlib
+
+# Loaded by path so the config works from any working directory.
+_spec = importlib.util.spec_from_file_location(
+    "maelm_configs_pretrain", pathlib.Path(__file__).with_name("pretrain.py"))
+pretrain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pretrain)
+
+
+def get_config(arg=None):
+  del arg
+  config = pretrain.get_config("objective=maelm,size=tiny")
+  config.unlock()
+  config.data.source = "pydoc:"
+  config.tokenizer.vocab_size = 4000
+  config.total_steps = 600
+  config.warmup_steps = 60
+  config.batch_size = 32
+  config.seq_len = 128
+  config.learning_rate = 1e-3
+  config.log_every = 50
+  config.eval_every = 200
+  config.eval_batches = 8
+  config.checkpoint_every = 200
+  config.data.eval_fraction = 0.05
+  config.lock()
+  return config

@@ -1,0 +1,335 @@
+"""SentencePiece tokenizer with the fixed special-token layout the models assume.
+
+Every tokenizer this module trains or accepts has the same five special pieces at
+the same ids, so model code can use the constants below without asking the
+tokenizer:
+
+  id 0 [PAD]   padding (never produced by packing; kept for fine-tuning batches)
+  id 1 [UNK]   characters outside the trained alphabet
+  id 2 [CLS]   first token of every pretraining row
+  id 3 [SEP]   document separator and last token of every row
+  id 4 [MASK]  the corruption token of MLM / MAE-LM / 3ML
+
+[CLS], [SEP] and [MASK] are SentencePiece *control* symbols: they exist in the
+vocabulary but the encoder never produces them from raw text, so a document that
+literally contains the string "[MASK]" cannot smuggle mask tokens into the data.
+
+`load_or_train_tokenizer` is the entry point used by training: it reuses the
+tokenizer saved in the workdir (so restarts and evaluation see the same ids) and
+only trains one when there is none yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import os
+import re
+import time
+import uuid
+
+from absl import logging
+import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+NUM_SPECIAL = len(SPECIAL_TOKENS)
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(NUM_SPECIAL)
+
+MODEL_TYPES = ("unigram", "bpe")
+TOKENIZER_FILENAME = "tokenizer.model"
+
+# SentencePiece silently skips training lines longer than `max_sentence_length`
+# bytes (and fails with an opaque "!sentences_.empty()" when it skips all of
+# them), so `train_tokenizer` cuts text into sentences, and sentences into
+# word-aligned chunks, no longer than this.
+_MAX_TRAINING_LINE_BYTES = 4096
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_VOCAB_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<=\s*(\d+)")
+_WAIT_POLL_S = 0.5
+
+
+class Tokenizer:
+  """A SentencePiece model with [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0..4.
+
+  Attributes:
+    path: the `.model` file it was loaded from.
+    vocab_size: number of pieces, special ones included (the embedding size).
+    pad_id, unk_id, cls_id, sep_id, mask_id: 0, 1, 2, 3, 4.
+  """
+
+  pad_id = PAD_ID
+  unk_id = UNK_ID
+  cls_id = CLS_ID
+  sep_id = SEP_ID
+  mask_id = MASK_ID
+
+  def __init__(self, model_path: str):
+    model_path = os.fspath(model_path)
+    if not os.path.isfile(model_path):
+      raise FileNotFoundError(
+          f"no SentencePiece model at {model_path!r}; pass the path of an "
+          "existing .model file (--config.tokenizer.path) or leave it empty to "
+          "train one into the workdir")
+    with open(model_path, "rb") as f:
+      model_proto = f.read()
+    self._init_from_proto(model_path, model_proto)
+
+  def _init_from_proto(self, path: str, model_proto: bytes) -> None:
+    self.path = path
+    self._model_proto = model_proto
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.vocab_size = self._sp.get_piece_size()
+    pieces = tuple(self._sp.id_to_piece(i)
+                   for i in range(min(NUM_SPECIAL, self.vocab_size)))
+    if pieces != SPECIAL_TOKENS or not all(
+        self._sp.is_control(i) for i in (CLS_ID, SEP_ID, MASK_ID)):
+      raise ValueError(
+          f"tokenizer at {path!r} does not have the special pieces this project "
+          f"needs: ids 0..{NUM_SPECIAL - 1} are {pieces}, expected "
+          f"{SPECIAL_TOKENS} with [CLS] [SEP] [MASK] as control symbols. Train "
+          "one with maelm_jax.tokenizer.train_tokenizer (or leave "
+          "--config.tokenizer.path empty to train one into the workdir)")
+
+  @property
+  def model_type(self) -> str:
+    """"unigram" or "bpe" (read from the model's trainer spec)."""
+    proto = sentencepiece_model_pb2.ModelProto.FromString(self._model_proto)
+    return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+        proto.trainer_spec.model_type).lower()
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, without [CLS]/[SEP]; runs on all cores."""
+    if isinstance(texts, (str, bytes)):
+      raise TypeError(
+          "Tokenizer.encode takes a list of texts and returns a list of id "
+          "lists; wrap a single text as encode([text]) or use encode_one(text)")
+    return self._sp.encode(list(texts), out_type=int)
+
+  def encode_one(self, text: str) -> list[int]:
+    """Token ids of one text (the per-document fast path of the pipeline)."""
+    return self._sp.encode(text, out_type=int)
+
+  def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+    """Text of `ids`; [PAD] [CLS] [SEP] [MASK] are dropped, [UNK] shows as ⁇."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size}) "
+                       f"for the tokenizer at {self.path!r}")
+    # SentencePiece already renders control pieces as ""; the explicit filter
+    # keeps that guarantee independent of the library's behaviour.
+    return self._sp.decode(
+        [i for i in ids if i not in (PAD_ID, CLS_ID, SEP_ID, MASK_ID)])
+
+  def id_to_piece(self, token_id: int) -> str:
+    return self._sp.id_to_piece(int(token_id))
+
+  def __repr__(self) -> str:
+    return f"Tokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+
+  # SentencePieceProcessor is a C++ handle; pickle the model bytes instead so
+  # the tokenizer can travel to grain's worker processes.
+  def __getstate__(self):
+    return {"path": self.path, "model_proto": self._model_proto}
+
+  def __setstate__(self, state):
+    self._init_from_proto(state["path"], state["model_proto"])
+
+
+def _training_lines(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
+  """Splits texts into sentence lines of at most `max_bytes` UTF-8 bytes.
+
+  SentencePiece never lets a piece cross whitespace (split_by_whitespace), so
+  cutting at sentence ends and spaces loses no statistics it would have used.
+  """
+  for text in texts:
+    if not isinstance(text, str):
+      raise TypeError(f"tokenizer training texts must be str, got {type(text)}")
+    for line in text.splitlines():
+      for sentence in _SENTENCE_END.split(line.strip()):
+        if not sentence:
+          continue
+        if len(sentence.encode("utf-8")) <= max_bytes:
+          yield sentence
+          continue
+        chunk, chunk_bytes = [], 0
+        for word in sentence.split():
+          # A single "word" longer than the limit (base64, a URL list...) is cut
+          # by characters; 4 bytes per character is the UTF-8 worst case.
+          while len(word.encode("utf-8")) > max_bytes:
+            yield word[:max_bytes // 4]
+            word = word[max_bytes // 4:]
+          word_bytes = len(word.encode("utf-8")) + 1
+          if chunk and chunk_bytes + word_bytes > max_bytes:
+            yield " ".join(chunk)
+            chunk, chunk_bytes = [], 0
+          chunk.append(word)
+          chunk_bytes += word_bytes
+        if chunk:
+          yield " ".join(chunk)
+
+
+def train_tokenizer(texts: Iterable[str], model_prefix: str, *, vocab_size: int,
+                    model_type: str = "unigram", max_sentences: int = 2_000_000,
+                    seed: int = 0) -> Tokenizer:
+  """Trains a SentencePiece model on `texts`; writes `<model_prefix>.model/.vocab`.
+
+  Deterministic for a given `seed` and input. Files are written under a
+  temporary name and renamed into place, so a reader polling for
+  `<model_prefix>.model` never sees a partial file.
+
+  Args:
+    texts: documents or lines; split internally into sentences.
+    model_prefix: output path without extension.
+    vocab_size: number of pieces including the 5 special ones. Must be reachable
+      on `texts` (no soft limit: a silently smaller vocabulary would make the
+      model's embedding size disagree with the config).
+    model_type: "unigram" or "bpe".
+    max_sentences: SentencePiece samples at most this many sentences (seeded).
+    seed: seed of that sampling.
+
+  Returns:
+    The trained tokenizer, loaded from `<model_prefix>.model`.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"tokenizer model_type={model_type!r} is not supported; "
+                     f"use one of {MODEL_TYPES} (--config.tokenizer.model_type)")
+  if vocab_size <= NUM_SPECIAL:
+    raise ValueError(f"tokenizer vocab_size={vocab_size} leaves no room next to "
+                     f"the {NUM_SPECIAL} special tokens; use e.g. 8000 "
+                     "(--config.tokenizer.vocab_size)")
+  model_prefix = os.fspath(model_prefix)
+  out_dir = os.path.dirname(os.path.abspath(model_prefix))
+  os.makedirs(out_dir, exist_ok=True)
+  tmp_prefix = f"{model_prefix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+  # The trainer's sentence sampling and shuffling use SentencePiece's global
+  # generator; seeding it is the only way to make them reproducible.
+  spm.set_random_generator_seed(seed)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=_training_lines(texts, _MAX_TRAINING_LINE_BYTES),
+        model_prefix=tmp_prefix,
+        model_type=model_type,
+        vocab_size=vocab_size,
+        character_coverage=0.9995,
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
+        max_sentence_length=_MAX_TRAINING_LINE_BYTES,
+        num_threads=os.cpu_count() or 1,
+        pad_id=PAD_ID, pad_piece=SPECIAL_TOKENS[PAD_ID],
+        unk_id=UNK_ID, unk_piece=SPECIAL_TOKENS[UNK_ID],
+        bos_id=-1, eos_id=-1,
+        control_symbols=list(SPECIAL_TOKENS[CLS_ID:]),
+        minloglevel=2,
+    )
+  except RuntimeError as e:
+    for suffix in (".model", ".vocab"):
+      if os.path.exists(tmp_prefix + suffix):
+        os.remove(tmp_prefix + suffix)
+    message = str(e)
+    too_high = _VOCAB_TOO_HIGH.search(message)
+    if too_high:
+      limit = int(too_high.group(2))
+      raise ValueError(
+          f"the tokenizer training text is too small for vocab_size={vocab_size}: "
+          f"SentencePiece can build at most {limit} pieces from it. Set a smaller "
+          f"--config.tokenizer.vocab_size (at most {limit}, and leave headroom), "
+          "or train on more text") from e
+    if "sentences_.empty()" in message:
+      raise ValueError(
+          "the tokenizer training text is empty: the data source yielded no "
+          "non-blank documents; check --config.data.source") from e
+    raise RuntimeError(f"SentencePiece training failed: {message}") from e
+  # The trainer records its output prefix in the model; ours is a random
+  # temporary name, so clear it to keep the file a pure function of the input.
+  with open(tmp_prefix + ".model", "rb") as f:
+    proto = sentencepiece_model_pb2.ModelProto.FromString(f.read())
+  proto.trainer_spec.ClearField("model_prefix")
+  with open(tmp_prefix + ".model", "wb") as f:
+    f.write(proto.SerializeToString())
+  os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
+  os.replace(tmp_prefix + ".model", model_prefix + ".model")
+  return Tokenizer(model_prefix + ".model")
+
+
+def _check_matches(tokenizer: Tokenizer, vocab_size: int,
+                   model_type: str | None) -> Tokenizer:
+  if tokenizer.vocab_size != vocab_size:
+    raise ValueError(
+        f"tokenizer at {tokenizer.path} has {tokenizer.vocab_size} pieces but "
+        f"config.tokenizer.vocab_size is {vocab_size}; set "
+        f"--config.tokenizer.vocab_size={tokenizer.vocab_size} or use a fresh "
+        "workdir to train a new tokenizer")
+  if model_type is not None and tokenizer.model_type != model_type:
+    raise ValueError(
+        f"tokenizer at {tokenizer.path} is a {tokenizer.model_type!r} model but "
+        f"config.tokenizer.model_type is {model_type!r}; set "
+        f"--config.tokenizer.model_type={tokenizer.model_type} or use a fresh "
+        "workdir to train a new tokenizer")
+  return tokenizer
+
+
+def load_or_train_tokenizer(
+    workdir: str, training_texts: Callable[[], Iterable[str]], *,
+    vocab_size: int, model_type: str = "unigram", path: str | None = None,
+    max_sentences: int = 2_000_000, seed: int = 0, is_writer: bool = True,
+    wait_timeout_s: float = 3600.0) -> Tokenizer:
+  """Returns the run's tokenizer: the given one, the workdir's, or a new one.
+
+  Order: an explicit `path` wins; else `<workdir>/tokenizer.model` is reused
+  (restarts and evaluation must see the ids the model was trained with); else
+  one is trained on `training_texts()` and saved there. The result must have
+  `vocab_size` pieces because the model's embedding table is sized from the
+  config.
+
+  Args:
+    workdir: run directory (a filesystem shared by all processes).
+    training_texts: called only when training is needed (it may be expensive).
+    vocab_size: expected number of pieces.
+    model_type: "unigram" or "bpe", for training and for checking a reused one.
+    path: explicit `.model` file to use instead of the workdir's ("" = None).
+    max_sentences: see `train_tokenizer`.
+    seed: see `train_tokenizer`.
+    is_writer: whether this process may train; in a multi-process run pass
+      `jax.process_index() == 0` so one process trains and the others wait.
+    wait_timeout_s: how long a non-writer waits for the writer's file.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"tokenizer model_type={model_type!r} is not supported; "
+                     f"use one of {MODEL_TYPES} (--config.tokenizer.model_type)")
+  if path:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(
+          f"--config.tokenizer.path={path!r} does not exist; point it at a "
+          "tokenizer .model file (e.g. <old workdir>/tokenizer.model) or leave "
+          "it empty to train one into the workdir")
+    return _check_matches(Tokenizer(path), vocab_size, model_type=None)
+
+  model_path = os.path.join(workdir, TOKENIZER_FILENAME)
+  if os.path.isfile(model_path):
+    logging.info("Reusing tokenizer %s", model_path)
+    return _check_matches(Tokenizer(model_path), vocab_size, model_type)
+
+  if is_writer:
+    logging.info("Training a %d-piece %s tokenizer into %s", vocab_size,
+                 model_type, model_path)
+    start = time.monotonic()
+    tokenizer = train_tokenizer(
+        training_texts(), os.path.join(workdir, TOKENIZER_FILENAME[:-len(".model")]),
+        vocab_size=vocab_size, model_type=model_type,
+        max_sentences=max_sentences, seed=seed)
+    logging.info("Trained tokenizer in %.1fs", time.monotonic() - start)
+    return _check_matches(tokenizer, vocab_size, model_type)
+
+  deadline = time.monotonic() + wait_timeout_s
+  while not os.path.isfile(model_path):
+    if time.monotonic() > deadline:
+      raise TimeoutError(
+          f"waited {wait_timeout_s:.0f}s for process 0 to write {model_path}; "
+          "check process 0's log for a tokenizer training error, and that the "
+          "workdir is on a filesystem all processes share")
+    time.sleep(_WAIT_POLL_S)
+  return _check_matches(Tokenizer(model_path), vocab_size, model_type)
