@@ -25,6 +25,7 @@ from maelm_jax import config_lib
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, objective="maelm", size="tiny")
   config = ml_collections.ConfigDict()
+  config.mode = "pretrain"
 
   config.total_steps = 10_000
   config.batch_size = 64  # Global, in sequences.

@@ -48,12 +48,20 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # Imported late so that --xla flags and env set by launchers apply.
-  from maelm_jax import train
+  from maelm_jax import train  # noqa: F401
   logging.info("JAX %s, %d processes, devices: %s", jax.__version__,
                jax.process_count(), jax.devices())
-  last = train.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
-  if jax.process_index() == 0:
-    print(summary(flags.FLAGS.workdir, last), flush=True)
+  config = flags.FLAGS.config
+  mode = config.get("mode", "pretrain")
+  if mode == "pretrain":
+    last = train.train_and_evaluate(config, flags.FLAGS.workdir)
+    if jax.process_index() == 0:
+      print(summary(flags.FLAGS.workdir, last), flush=True)
+  elif mode in ("glue", "squad"):
+    from maelm_jax.finetune import run as finetune_run
+    finetune_run.run(config, flags.FLAGS.workdir)
+  else:
+    raise app.UsageError(f"config.mode={mode!r}: expected pretrain, glue or squad")
 
 
 if __name__ == "__main__":
