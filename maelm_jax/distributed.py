@@ -1,0 +1,5 @@
+"""Multi-host start-up (placeholder until launch support lands): single process."""
+
+
+def maybe_initialize() -> None:
+  return None
