@@ -9,14 +9,15 @@ row left at the very end of a finite stream is dropped.
 The pipeline is a grain dataset graph:
 
   MapDataset.source(DocumentSource)
-    [process_index::process_count]   this process's documents
+    [stream::num_streams]            one of this process's streams
     .shuffle(seed)                   reshuffled every epoch by .repeat()
     .repeat()
     .batch(DOCS_PER_CHUNK, list)     documents are tokenized in groups ...
     .map(TokenizeDocuments)          ... into stream chunks `d1 [SEP] d2 [SEP]`
   .to_iter_dataset()
     PackRowsIterDataset              stream chunks -> [CLS] ... [SEP] rows
-    .batch(batch_size, drop_remainder=True)
+    .batch(global_batch / num_streams, drop_remainder=True)
+  ZipIterDataset(this process's streams) -> concatenated local batch
     [.mp_prefetch(num_workers)]
 
 Tokenizing a group of documents per grain element matters for speed: grain
@@ -193,9 +194,18 @@ class PackRowsIterDataset(grain.IterDataset):
 def make_pretrain_dataset(
     source, tokenizer: tokenizer_lib.Tokenizer, *, seq_len: int,
     batch_size: int, seed: int, shuffle: bool = True, repeat: bool = True,
-    process_index: int = 0, process_count: int = 1,
+    process_index: int = 0, process_count: int = 1, num_streams: int = 0,
     num_workers: int = 0) -> grain.IterDataset:
   """Batches of packed pretraining rows for this process.
+
+  Process-count invariance: the documents are dealt to `num_streams` disjoint
+  streams (document i goes to stream i % num_streams), each shuffled and packed
+  on its own; rows of the GLOBAL batch come from the streams in contiguous
+  blocks of `global_batch / num_streams`. A process runs only the streams of
+  its own rows, so for a fixed `num_streams` the global batch is the same
+  whatever the number of processes (any divisor of `num_streams`): a run can
+  move between 1 process x 8 devices and 2 processes x 4 devices and see the
+  same data.
 
   Args:
     source: a grain random-access source of documents (`sources.open_source`).
@@ -207,8 +217,11 @@ def make_pretrain_dataset(
       new order every epoch when `repeat`.
     repeat: loop forever; False ends after one pass (the partial last batch is
       dropped). `shuffle=False, repeat=False` is the fixed evaluation stream.
-    process_index, process_count: this process takes documents
-      `[process_index::process_count]`, so processes never share a document.
+    process_index, process_count: this process runs streams
+      `[process_index * S / P, (process_index + 1) * S / P)`, so processes
+      never share a document.
+    num_streams: S above; 0 means one stream per process. Must be a multiple
+      of process_count and divide the global batch.
     num_workers: >0 tokenizes and packs in that many worker processes (grain
       `mp_prefetch`; each packs its own slice of the documents, so the batches
       depend on `num_workers`, deterministically).
@@ -225,20 +238,54 @@ def make_pretrain_dataset(
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} must be in "
                      f"[0, process_count={process_count})")
-  if len(source) < process_count:
+  num_streams = num_streams or process_count
+  global_batch = batch_size * process_count
+  if num_streams % process_count or global_batch % num_streams:
+    raise ValueError(
+        f"data.num_streams={num_streams} must be a multiple of the "
+        f"{process_count} processes and divide the global batch "
+        f"{global_batch}; set --config.data.num_streams accordingly")
+  if len(source) < num_streams:
     raise ValueError(
         f"{source!r} has {len(source)} documents, fewer than the "
-        f"{process_count} processes that each need a share; use a larger "
-        "corpus (--config.data.source)")
+        f"{num_streams} data streams that each need a share; use a larger "
+        "corpus (--config.data.source) or fewer --config.data.num_streams")
   if not 0 <= seed < 2**32:
     raise ValueError(f"seed={seed} must be in [0, 2**32)")
   if num_workers < 0:
     raise ValueError(f"num_workers={num_workers} must be >= 0")
 
+  streams_per_process = num_streams // process_count
+  rows_per_stream = global_batch // num_streams
+  first = process_index * streams_per_process
+  streams = [
+      _packed_stream(source, tokenizer, stream, num_streams, seq_len=seq_len,
+                     rows=rows_per_stream, seed=seed, shuffle=shuffle,
+                     repeat=repeat)
+      for stream in range(first, first + streams_per_process)]
+  if len(streams) == 1:
+    it = streams[0]
+  else:
+    # Non-strict: a finite (eval) pass ends when its first stream runs dry.
+    it = grain.experimental.ZipIterDataset(streams, strict=False).map(
+        _concatenate_batches)
+  if num_workers > 0:
+    # Grain reads its absl debug flags when starting workers; outside an
+    # absl.app (tests, notebooks) they are unparsed and reading them raises.
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+  return it
+
+
+def _packed_stream(source, tokenizer, stream: int, num_streams: int, *,
+                   seq_len: int, rows: int, seed: int, shuffle: bool,
+                   repeat: bool) -> grain.IterDataset:
+  """Batches of `rows` packed rows from documents `[stream::num_streams]`."""
   ds = grain.MapDataset.source(source)
-  ds = ds[process_index::process_count]
+  ds = ds[stream::num_streams]
   if shuffle:
-    ds = ds.shuffle(seed=seed)
+    ds = ds.shuffle(seed=(seed + 7919 * stream) % 2**32)
   if repeat:
     ds = ds.repeat()  # Reseeds the shuffle each epoch: every epoch differs.
   ds = ds.batch(DOCS_PER_CHUNK, batch_fn=list)
@@ -247,14 +294,12 @@ def make_pretrain_dataset(
       num_threads=_PREFETCH_THREADS, prefetch_buffer_size=_PREFETCH_CHUNKS))
   it = PackRowsIterDataset(it, seq_len=seq_len, cls_id=tokenizer.cls_id,
                            sep_id=tokenizer.sep_id)
-  it = it.batch(batch_size, drop_remainder=True)
-  if num_workers > 0:
-    # Grain reads its absl debug flags when starting workers; outside an
-    # absl.app (tests, notebooks) they are unparsed and reading them raises.
-    if not flags.FLAGS.is_parsed():
-      flags.FLAGS.mark_as_parsed()
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
-  return it
+  return it.batch(rows, drop_remainder=True)
+
+
+def _concatenate_batches(batches):
+  return {key: np.concatenate([b[key] for b in batches], axis=0)
+          for key in batches[0]}
 
 
 def estimate_num_sequences(source, tokenizer: tokenizer_lib.Tokenizer,

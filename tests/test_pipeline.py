@@ -271,10 +271,45 @@ def test_bad_arguments(tokenizer, kwargs, match):
 
 
 def test_fewer_documents_than_processes(tokenizer):
-  with pytest.raises(ValueError, match="has 2 documents, fewer than the 4 processes"):
+  with pytest.raises(ValueError, match="has 2 documents, fewer than the 4 data streams"):
     pipeline.make_pretrain_dataset(ListSource(["a b", "c d"]), tokenizer, seq_len=16,
                                    batch_size=1, seed=0, process_index=0,
                                    process_count=4)
+
+
+def test_global_batch_is_the_same_for_any_process_count(numbered_docs, tokenizer):
+  """With a fixed num_streams, 1, 2 or 4 processes see the same global batches:
+  what lets a run move between 1x8 and 2x4 devices with identical losses."""
+  source = ListSource(numbered_docs)
+
+  def global_batches(process_count, num_batches=6):
+    per_process = []
+    for index in range(process_count):
+      it = iter(pipeline.make_pretrain_dataset(
+          source, tokenizer, seq_len=20, batch_size=8 // process_count, seed=4,
+          process_index=index, process_count=process_count, num_streams=4))
+      per_process.append([next(it)["input_ids"] for _ in range(num_batches)])
+    return [np.concatenate([p[step] for p in per_process])
+            for step in range(num_batches)]
+
+  single = global_batches(1)
+  assert single[0].shape == (8, 20)
+  for process_count in (2, 4):
+    for a, b in zip(single, global_batches(process_count)):
+      np.testing.assert_array_equal(a, b)
+  # Each stream owns a block of 2 rows; streams hold disjoint documents.
+  blocks = [_documents_in(_stream([{"input_ids": b[2 * s:2 * s + 2]}
+                                   for b in single]), tokenizer, numbered_docs)
+            for s in range(4)]
+  for s, docs in enumerate(blocks):
+    assert docs and all(i % 4 == s for i in docs)
+
+
+def test_num_streams_must_fit_processes_and_batch(tokenizer):
+  with pytest.raises(ValueError, match="num_streams=3 must be a multiple of the 2"):
+    pipeline.make_pretrain_dataset(ListSource(["a b"] * 10), tokenizer, seq_len=16,
+                                   batch_size=2, seed=0, process_index=0,
+                                   process_count=2, num_streams=3)
 
 
 def test_worker_processes(numbered_docs, tokenizer):
