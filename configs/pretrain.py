@@ -44,7 +44,14 @@ def get_config(arg=None):
   config.eval_every = 1000
   config.eval_batches = 20
   config.checkpoint_every = 1000
-  config.keep_checkpoints = 3
+  config.keep_checkpoints = 3  # The last N checkpoints...
+  config.checkpoint_keep_period = 0  # ...plus every Nth step for good (0: none).
+  # A step with a non-finite loss or gradient is never applied; then 'stop' ends
+  # the run at the next log step (naming the step), 'skip' goes on and warns.
+  config.nonfinite_policy = "stop"
+  # Resuming a workdir whose config.json differs in anything but run length and
+  # logging is refused unless this is set.
+  config.allow_config_change = False
   config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'); one -1 is inferred.
   config.peak_flops_per_device = 0.0  # 0: look up the device kind (flops.PEAK_FLOPS).
   config.init_from = ""
@@ -55,6 +62,9 @@ def get_config(arg=None):
   config.data.text_field = "text"
   config.data.tfds_data_dir = ""
   config.data.num_workers = 0
+  # Documents are dealt to this many packed streams (0: one per process). Fix it
+  # (e.g. 8) to get the same batches on any process count that divides it.
+  config.data.num_streams = 0
 
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 8000

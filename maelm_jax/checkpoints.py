@@ -11,7 +11,10 @@ import json
 import os
 from typing import Any
 
+from absl import logging
+import grain
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -31,6 +34,64 @@ def latest_step(workdir: str) -> int | None:
     return None
   steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
   return max(steps) if steps else None
+
+
+def make_manager(workdir: str, config) -> ocp.CheckpointManager:
+  """Async saves; keeps the last `keep_checkpoints` plus every
+  `checkpoint_keep_period`-th step for good. Orbax writes each step into a
+  temporary directory and renames it when complete, and deletes old steps only
+  after a newer one is finalised, so a crash never leaves fewer good steps."""
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=config.keep_checkpoints,
+      keep_period=config.checkpoint_keep_period or None,
+      enable_async_checkpointing=True,
+      cleanup_tmp_directories=True)
+  return ocp.CheckpointManager(checkpoint_dir(workdir), item_names=("state", "data"),
+                               options=options)
+
+
+def save(manager: ocp.CheckpointManager, step: int, state, data_iterator) -> None:
+  manager.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      data=grain.checkpoint.CheckpointSave(data_iterator)), force=True)
+
+
+def _quarantine(manager: ocp.CheckpointManager, step: int) -> str:
+  """Moves a bad step aside (never deletes it) so the next save can use its
+  number; process 0 renames, everyone waits."""
+  directory = os.path.join(str(manager.directory), str(step))
+  target = f"{directory}.corrupt"
+  suffix = 1
+  while os.path.exists(target):
+    target, suffix = f"{directory}.corrupt{suffix}", suffix + 1
+  if jax.process_index() == 0:
+    os.rename(directory, target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"maelm_quarantine_{step}")
+  manager.reload()
+  return target
+
+
+def restore_latest_good(manager: ocp.CheckpointManager, abstract_state,
+                        data_iterator):
+  """Restores the newest checkpoint that reads back completely.
+
+  A step whose files are truncated, corrupted or missing an item fails to
+  restore; it is moved aside as `<step>.corrupt` and the previous one is tried.
+  Returns (state, step), or (None, None) when no good checkpoint exists.
+  """
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state),
+          data=grain.checkpoint.CheckpointRestore(data_iterator)))
+      return restored.state, step
+    except Exception as error:  # Orbax/tensorstore raise many types here.
+      moved = _quarantine(manager, step)
+      logging.error("checkpoint at step %d cannot be restored (%s: %s); moved "
+                    "it to %s and falling back to the previous one", step,
+                    type(error).__name__, str(error)[:500], moved)
+  return None, None
 
 
 @dataclasses.dataclass

@@ -115,9 +115,41 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"grad_accum_steps={config.grad_accum_steps}")
   for name in ("log_every", "eval_every", "checkpoint_every"):
     need(config[name] >= 1, f"{name}={config[name]} must be >= 1")
+  need(config.nonfinite_policy in ("stop", "skip"),
+       f"nonfinite_policy={config.nonfinite_policy!r} must be 'stop' or 'skip'")
+  need(config.keep_checkpoints >= 1 and config.checkpoint_keep_period >= 0,
+       "keep_checkpoints must be >= 1 and checkpoint_keep_period >= 0")
   need(config.tokenizer.vocab_size > 5,
        f"tokenizer.vocab_size={config.tokenizer.vocab_size} is too small")
   need(config.tokenizer.model_type in ("unigram", "bpe"),
        f"tokenizer.model_type={config.tokenizer.model_type!r} must be 'unigram' or 'bpe'")
   if errors:
     raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+# Keys that may change when resuming a workdir: run length, cadence, hardware.
+RESUMABLE_CHANGES = frozenset({
+    "total_steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+    "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
+    "peak_flops_per_device", "nonfinite_policy", "allow_config_change",
+    "data.num_workers", "data.tfds_data_dir", "tokenizer.path", "init_from",
+})
+
+
+def _flatten(d, prefix=""):
+  out = {}
+  for key, value in d.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, dict):
+      out.update(_flatten(value, name + "."))
+    else:
+      out[name] = list(value) if isinstance(value, (list, tuple)) else value
+  return out
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+  """Keys (other than RESUMABLE_CHANGES) whose values differ, as 'key: a -> b'."""
+  saved, current = _flatten(saved), _flatten(current)
+  return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
+          for key in sorted(set(saved) | set(current))
+          if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key)]

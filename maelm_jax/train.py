@@ -2,30 +2,36 @@
 
     python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=tiny \
         --workdir=/tmp/maelm
+
+A workdir is one run. Starting the same command again resumes it from its newest
+good checkpoint (params, optimizer, step, rng and data-iterator position), and the
+resumed run logs exactly the losses the uninterrupted run would have logged.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
 import math
 import os
+import shutil
 import time
 
 from absl import logging
-import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
-import orbax.checkpoint as ocp
 
-from maelm_jax import (config_lib, flops, metric_writers, pipeline, sharding,
-                       sources, tokenizer as tokenizer_lib, train_lib)
+from maelm_jax import (checkpoints, config_lib, flops, metric_writers, pipeline,
+                       preemption, sharding, sources, tokenizer as tokenizer_lib,
+                       train_lib)
 from maelm_jax.model import ModelConfig
 
 
+# --------------------------------------------------------------------------
+# Checks that run before anything is compiled.
+# --------------------------------------------------------------------------
 def check_batch_fits_mesh(config, mesh) -> None:
-  """Device-dependent checks, run before anything is compiled."""
   dp = sharding.data_parallel_size(mesh)
   micro = config.batch_size // config.grad_accum_steps
   if micro % dp:
@@ -55,11 +61,67 @@ def check_corpus_fills_a_batch(source, tokenizer, seq_len, batch_size, what) -> 
       f"seq_len" + (", or raise data.eval_fraction" if what == "eval" else ""))
 
 
+def prepare_workdir(config, workdir: str) -> None:
+  """Creates the workdir, or checks that an existing one belongs to this config."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as error:
+    raise PermissionError(f"cannot create workdir {workdir} ({error}); pass a "
+                          "writable --workdir") from error
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise PermissionError(f"workdir {workdir} is not writable; pass a writable "
+                          "--workdir")
+  saved_path = os.path.join(workdir, "config.json")
+  if os.path.exists(saved_path) and not config.allow_config_change:
+    with open(saved_path) as f:
+      saved = json.load(f)
+    differences = config_lib.config_differences(saved, json.loads(
+        config.to_json_best_effort()))
+    if differences:
+      raise ValueError(
+          f"workdir {workdir} belongs to a run with a different config:\n  "
+          + "\n  ".join(differences) + "\nUse a new --workdir, or pass "
+          "--config.allow_config_change=True to resume this run with the new "
+          "values anyway.")
+
+
+def tokenizer_path_for(config, workdir: str) -> str | None:
+  """The tokenizer a run must use: its own, else the one it was told, else the
+  init_from run's; a resumed run may not swap it for another."""
+  own = os.path.join(workdir, "tokenizer.model")
+  wanted = config.tokenizer.path or (
+      os.path.join(config.init_from, "tokenizer.model") if config.init_from else "")
+  if wanted and os.path.exists(own) and not filecmp.cmp(own, wanted, shallow=False):
+    raise ValueError(
+        f"tokenizer {wanted} differs from {own}, the tokenizer this workdir's "
+        "checkpoints were trained with; drop --config.tokenizer.path (and "
+        "init_from) to resume, or use a new --workdir")
+  return wanted or None
+
+
 def write_config(config, workdir) -> None:
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
+def truncate_metrics(workdir: str, last_step: int) -> None:
+  """Drops records logged after the checkpoint a run resumes from, so that no
+  step appears twice in metrics.jsonl."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = [line for line in lines if json.loads(line)["step"] <= last_step]
+  if len(kept) != len(lines):
+    with open(path + ".tmp", "w") as f:
+      f.writelines(kept)
+    os.replace(path + ".tmp", path)
+
+
+# --------------------------------------------------------------------------
+# Helpers of the loop.
+# --------------------------------------------------------------------------
 def _global_batch(mesh, local_batch):
   return {k: jax.make_array_from_process_local_data(sharding.batch_sharding(mesh), v)
           for k, v in local_batch.items()}
@@ -78,15 +140,33 @@ def evaluate(eval_step, params, eval_ds, mesh, eval_rng, num_batches):
           "eval/accuracy": totals["correct"] / weight}
 
 
+def load_init_from(config, state, state_shardings):
+  """Params of another run (`init_from`) in this run's sharding; fresh optimizer."""
+  params, step = checkpoints.restore_params(config.init_from,
+                                            shardings=state_shardings.params)
+  ours = jax.tree_util.tree_structure(state.params)
+  if jax.tree_util.tree_structure(params) != ours:
+    raise ValueError(f"init_from={config.init_from} has a different parameter tree "
+                     "(other objective/decoder?); use a run of the same model")
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                          jax.tree.leaves(state.params)):
+    if a.shape != b.shape:
+      raise ValueError(f"init_from={config.init_from}: {jax.tree_util.keystr(path)} "
+                       f"has shape {a.shape}, this model needs {b.shape}")
+  logging.info("initialised params from step %d of %s", step, config.init_from)
+  return state.replace(params=params)
+
+
+# --------------------------------------------------------------------------
+# The loop.
+# --------------------------------------------------------------------------
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Pretrains per `config` into `workdir`; returns the last logged metrics."""
   # ---------------------------------------------------------------- Set-up --
   config = config_lib.resolve(config)
   config_lib.validate(config)
   is_main = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
-  if not os.access(workdir, os.W_OK):
-    raise PermissionError(f"workdir {workdir} is not writable; pass another --workdir")
+  prepare_workdir(config, workdir)
   mesh = sharding.make_mesh(config.mesh_shape)
   check_batch_fits_mesh(config, mesh)
   logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape),
@@ -98,31 +178,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                        tfds_data_dir=config.data.tfds_data_dir or None)
   train_source = sources.open_source(config.data.source, "train", **source_kwargs)
   eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
+  tokenizer_path = tokenizer_path_for(config, workdir)
   tokenizer = tokenizer_lib.load_or_train_tokenizer(
       workdir, lambda: pipeline.training_texts(train_source),
       vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
-      path=config.tokenizer.path or None,
-      max_sentences=config.tokenizer.max_sentences, seed=config.seed,
-      is_writer=is_main)
+      path=tokenizer_path, max_sentences=config.tokenizer.max_sentences,
+      seed=config.seed, is_writer=is_main)
+  own_tokenizer = os.path.join(workdir, "tokenizer.model")
+  if is_main and tokenizer_path and not os.path.exists(own_tokenizer):
+    shutil.copyfile(tokenizer_path, own_tokenizer)  # The workdir is self-contained.
   # Each process reads 1/process_count of the documents and needs its share of
   # the batch, so the whole split must hold a global batch.
   for source, split in ((train_source, "train"), (eval_source, "eval")):
     check_corpus_fills_a_batch(source, tokenizer, config.seq_len, config.batch_size,
                                split)
   local_batch = config.batch_size // jax.process_count()
-  if is_main:
-    write_config(config, workdir)
 
   def dataset(source, **kwargs):
     return pipeline.make_pretrain_dataset(
         source, tokenizer, seq_len=config.seq_len, batch_size=local_batch,
         process_index=jax.process_index(), process_count=jax.process_count(),
-        **kwargs)
+        num_streams=config.data.num_streams, **kwargs)
 
-  train_ds = dataset(train_source, seed=config.seed, shuffle=True, repeat=True,
-                     num_workers=config.data.num_workers)
+  train_iter = iter(dataset(train_source, seed=config.seed, shuffle=True,
+                            repeat=True, num_workers=config.data.num_workers))
   eval_ds = dataset(eval_source, seed=config.seed, shuffle=False, repeat=False)
-  train_iter = iter(train_ds)
+  if is_main:
+    write_config(config, workdir)
 
   # ------------------------------------------- Model, optimizer, sharded state --
   model_cfg = ModelConfig.from_config(config.model, tokenizer.vocab_size,
@@ -138,73 +220,86 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                               config.grad_accum_steps)
   eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
 
-  # ----------------------------------------------------------- Checkpoints --
-  ckpt_dir = os.path.abspath(os.path.join(workdir, "checkpoints"))
-  manager = ocp.CheckpointManager(
-      ckpt_dir, item_names=("state", "data"),
-      options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints,
-                                           enable_async_checkpointing=True))
-  if manager.latest_step() is not None:
-    restored_step = manager.latest_step()
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                              sharding=s),
-                            state, state_shardings)
-    restored = manager.restore(restored_step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract),
-        data=grain.checkpoint.CheckpointRestore(train_iter)))
-    state = restored.state
-    logging.info("resumed from %s at step %d", ckpt_dir, restored_step)
-
-  def save(step):
-    manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(train_iter)))
+  # ------------------------------------------------ Checkpoints and resume --
+  # Order: this workdir's newest good checkpoint, else init_from, else fresh.
+  manager = checkpoints.make_manager(workdir, config)
+  abstract_state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      state, state_shardings)
+  restored, restored_step = checkpoints.restore_latest_good(manager, abstract_state,
+                                                            train_iter)
+  if restored is not None:
+    state = restored
+    logging.info("resumed from %s at step %d", manager.directory, restored_step)
+    if is_main:
+      truncate_metrics(workdir, restored_step)
+  elif config.init_from:
+    state = load_init_from(config, state, state_shardings)
 
   # ------------------------------------------------------------- Train loop --
   writer = metric_writers.MetricWriter(workdir, is_main)
+  watcher = preemption.PreemptionWatcher(manager)
   schedule = train_lib.learning_rate_schedule(config)
   step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
   peak = flops.peak_flops(override=config.peak_flops_per_device or None)
   tokens_per_step = config.batch_size * config.seq_len
   start_step = int(jax.device_get(state.step))
+  nonfinite_seen = int(jax.device_get(state.nonfinite_count))
   timer_start, timed_steps, last = None, 0, {}
   logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
                config.total_steps, step_flops)
-  for step in range(start_step + 1, config.total_steps + 1):
-    batch = _global_batch(mesh, next(train_iter))
-    state, metrics = train_step(state, batch)
-    if timer_start is None:  # Leave compilation out of the throughput.
-      jax.block_until_ready(metrics)
-      timer_start, timed_steps = time.perf_counter(), 0
-    else:
-      timed_steps += 1
+  try:
+    for step in range(start_step + 1, config.total_steps + 1):
+      batch = _global_batch(mesh, next(train_iter))
+      state, metrics = train_step(state, batch)
+      if timer_start is None:  # Leave compilation out of the throughput.
+        jax.block_until_ready(metrics)
+        timer_start, timed_steps = time.perf_counter(), 0
+      else:
+        timed_steps += 1
 
-    is_last = step == config.total_steps
-    if step % config.log_every == 0 or is_last:
-      metrics = jax.device_get(metrics)
-      if not math.isfinite(float(metrics["loss"])):
-        raise FloatingPointError(
-            f"non-finite training loss {metrics['loss']} at step {step}; lower "
-            "learning_rate or use model.dtype=float32. Checkpoints in "
-            f"{ckpt_dir} are untouched.")
-      elapsed = time.perf_counter() - timer_start
-      steps_per_sec = timed_steps / elapsed if timed_steps and elapsed > 0 else 0.0
-      last = {"train/loss": metrics["loss"], "train/accuracy": metrics["accuracy"],
-              "train/grad_norm": metrics["grad_norm"],
-              "lr": float(schedule(step - 1)),
-              "tokens_per_sec": steps_per_sec * tokens_per_step,
-              "mfu": steps_per_sec * step_flops / peak if peak else 0.0}
-      if step % config.eval_every == 0 or is_last:
-        last.update(evaluate(eval_step, state.params, eval_ds, mesh, eval_rng,
-                             config.eval_batches))
-      writer.write(step, last)
-      if is_main:
-        logging.info(metric_writers.format_console(step, config.total_steps, last))
-      timer_start, timed_steps = time.perf_counter(), 0
-    if step % config.checkpoint_every == 0 or is_last:
-      save(step)
+      is_last = step == config.total_steps
+      if step % config.log_every == 0 or is_last:
+        metrics, count, bad_step = jax.device_get(
+            (metrics, state.nonfinite_count, state.last_nonfinite_step))
+        if count > nonfinite_seen:
+          message = (f"{count - nonfinite_seen} step(s) with a non-finite loss or "
+                     f"gradient up to step {step}, the last at step {bad_step}; "
+                     "their updates were not applied")
+          nonfinite_seen = int(count)
+          if config.nonfinite_policy == "stop":
+            raise FloatingPointError(
+                f"{message}. Stopping (nonfinite_policy='stop'); checkpoints in "
+                f"{manager.directory} are untouched. Lower learning_rate, use "
+                "model.dtype=float32, or set --config.nonfinite_policy=skip.")
+          logging.warning(message)
+        elapsed = time.perf_counter() - timer_start
+        steps_per_sec = timed_steps / elapsed if timed_steps and elapsed > 0 else 0.0
+        last = {"train/loss": float(metrics["loss"]),
+                "train/accuracy": float(metrics["accuracy"]),
+                "train/grad_norm": float(metrics["grad_norm"]),
+                "lr": float(schedule(step - 1)),
+                "tokens_per_sec": steps_per_sec * tokens_per_step,
+                "mfu": steps_per_sec * step_flops / peak if peak else 0.0}
+        if step % config.eval_every == 0 or is_last:
+          last.update(evaluate(eval_step, state.params, eval_ds, mesh, eval_rng,
+                               config.eval_batches))
+        writer.write(step, last)
+        if is_main:
+          logging.info(metric_writers.format_console(step, config.total_steps, last))
+        timer_start, timed_steps = time.perf_counter(), 0
 
-  manager.wait_until_finished()
-  manager.close()
-  writer.close()
+      if watcher.reached(step):
+        checkpoints.save(manager, step, state, train_iter)
+        logging.warning("preempted: saved a checkpoint at step %d in %s; run the "
+                        "same command to resume", step, manager.directory)
+        last["preempted_at_step"] = step
+        break
+      if step % config.checkpoint_every == 0 or is_last:
+        checkpoints.save(manager, step, state, train_iter)
+  finally:
+    watcher.close()
+    manager.wait_until_finished()
+    manager.close()
+    writer.close()
   return last

@@ -25,6 +25,9 @@ class TrainState(flax.struct.PyTreeNode):
   params: Any
   opt_state: Any
   rng: jax.Array  # uint32[2]; masks and dropout use fold_in(rng, step).
+  # Steps whose loss or gradients were not finite; their update was not applied.
+  nonfinite_count: jax.Array
+  last_nonfinite_step: jax.Array  # 1-based step number, 0 if none.
 
 
 def learning_rate_schedule(config) -> optax.Schedule:
@@ -79,16 +82,20 @@ def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: i
         tx, lambda _, spec: spec, abstract_opt, param_specs,
         transform_non_params=lambda _: jax.sharding.PartitionSpec(),
         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    specs = TrainState(step=jax.sharding.PartitionSpec(), params=param_specs,
-                       opt_state=opt_specs, rng=jax.sharding.PartitionSpec())
+    scalar = jax.sharding.PartitionSpec()
+    specs = TrainState(step=scalar, params=param_specs, opt_state=opt_specs,
+                       rng=scalar, nonfinite_count=scalar,
+                       last_nonfinite_step=scalar)
     shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
 
     def init(seed_array):
       rng = jax.random.PRNGKey(seed_array)
       init_rng, state_rng = jax.random.split(rng)
       params = nn.meta.unbox(init_boxed(init_rng))
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=tx.init(params), rng=state_rng)
+      zero = jnp.zeros((), jnp.int32)
+      return TrainState(step=zero, params=params, opt_state=tx.init(params),
+                        rng=state_rng, nonfinite_count=zero,
+                        last_nonfinite_step=zero)
 
     state = jax.jit(init, out_shardings=shardings)(jnp.uint32(seed))
   return state, shardings
@@ -146,14 +153,24 @@ def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: 
           accumulate, (zeros, 0.0, 0.0),
           (jnp.arange(grad_accum_steps), micro))
 
+    loss = loss_sum / total_weight
+    grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {
-        "loss": loss_sum / total_weight,
-        "accuracy": correct / total_weight,
-        "grad_norm": optax.global_norm(grads),
-    }
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    # A non-finite loss or gradient never reaches the parameters or the Adam
+    # moments: the step is skipped and counted; the loop decides to go on or stop.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep_new = lambda new, old: jax.tree.map(
+        lambda a, b: jnp.where(finite, a, b), new, old)
+    step = state.step + 1
+    new_state = state.replace(
+        step=step,
+        params=keep_new(params, state.params),
+        opt_state=keep_new(opt_state, state.opt_state),
+        nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32),
+        last_nonfinite_step=jnp.where(finite, state.last_nonfinite_step, step))
+    metrics = {"loss": loss, "accuracy": correct / total_weight,
+               "grad_norm": grad_norm}
     return new_state, metrics
 
   return train_step

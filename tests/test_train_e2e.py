@@ -111,6 +111,10 @@ def test_tokenizer_vocabulary_must_match_the_model(tmp_path, monkeypatch):
   train.train_and_evaluate(small_run_config(total_steps=1), str(tmp_path))
   monkeypatch.setattr(train_lib, "create_sharded_state",
                       lambda *a, **k: (_ for _ in ()).throw(AssertionError("compiled")))
-  with pytest.raises(ValueError, match="vocab_size=600"):
+  with pytest.raises(ValueError, match="belongs to a run with a different config"):
     train.train_and_evaluate(small_run_config(**{"tokenizer.vocab_size": 700}),
+                             str(tmp_path))
+  with pytest.raises(ValueError, match="vocab_size=600"):
+    train.train_and_evaluate(small_run_config(**{"tokenizer.vocab_size": 700,
+                                                 "allow_config_change": True}),
                              str(tmp_path))

@@ -1,0 +1,256 @@
+"""Long runs that survive: exact resume after kill -9 and SIGTERM, corrupted
+checkpoints, other device counts, init_from, non-finite steps, bad input."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from maelm_jax import checkpoints, model as model_lib, sharding, train, train_lib
+from tests.helpers import random_ids, tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TOTAL_STEPS = 40
+RUN_ARGS = [
+    "--config=configs/pretrain.py:objective=maelm,size=tiny",
+    "--config.data.source=pydoc:", "--config.data.eval_fraction=0.05",
+    "--config.batch_size=8", "--config.seq_len=64",
+    f"--config.total_steps={TOTAL_STEPS}", "--config.warmup_steps=5",
+    "--config.log_every=1", f"--config.eval_every={TOTAL_STEPS}",
+    "--config.eval_batches=2", "--config.checkpoint_every=5",
+    "--config.keep_checkpoints=2", "--config.model.dtype=float32",
+    "--config.data.num_streams=2",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+  """One tokenizer for every run here, so no run spends time training one."""
+  from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib
+  directory = tmp_path_factory.mktemp("tokenizer")
+  tokenizer_lib.train_tokenizer(
+      pipeline.training_texts(sources.open_source("pydoc:", "train")),
+      str(directory / "sp"), vocab_size=600)
+  return str(directory / "sp.model")
+
+
+def command(workdir, tokenizer_file, *extra):
+  return [sys.executable, "-m", "maelm_jax.main", f"--workdir={workdir}", *RUN_ARGS,
+          f"--config.tokenizer.path={tokenizer_file}",
+          "--config.tokenizer.vocab_size=600", *extra]
+
+
+def run(workdir, tokenizer_file, *extra, devices=8):
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices),
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  out = subprocess.run(command(workdir, tokenizer_file, *extra), cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return out
+
+
+def losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  steps = [r["step"] for r in records]
+  assert steps == sorted(set(steps)), f"a step was logged twice or out of order: {steps}"
+  return steps, [r["train/loss"] for r in records]
+
+
+def steps_logged(workdir):
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return sum(1 for _ in f)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tokenizer_file):
+  workdir = tmp_path_factory.mktemp("reference")
+  run(workdir, tokenizer_file)
+  steps, values = losses(workdir)
+  assert steps == list(range(1, TOTAL_STEPS + 1))
+  return values
+
+
+def interrupt(workdir, tokenizer_file, sig, after_steps=12):
+  """Starts a run, sends `sig` once `after_steps` steps are logged."""
+  process = subprocess.Popen(command(workdir, tokenizer_file), cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+  deadline = time.time() + 300
+  while steps_logged(workdir) < after_steps:
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert time.time() < deadline
+    time.sleep(0.02)
+  assert process.poll() is None, "the run ended before it could be interrupted"
+  process.send_signal(sig)
+  _, stderr = process.communicate(timeout=300)
+  return process.returncode, stderr
+
+
+def test_resume_after_kill_9_reproduces_the_uninterrupted_losses(
+    tmp_path, tokenizer_file, reference):
+  returncode, _ = interrupt(tmp_path, tokenizer_file, signal.SIGKILL)
+  assert returncode == -signal.SIGKILL
+  killed_at = steps_logged(tmp_path)
+  assert killed_at < TOTAL_STEPS
+  out = run(tmp_path, tokenizer_file)
+  assert "resumed from" in out.stderr
+  steps, values = losses(tmp_path)
+  assert steps == list(range(1, TOTAL_STEPS + 1))  # None twice, none skipped.
+  np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_sigterm_saves_at_the_next_step_and_exits_0(tmp_path, tokenizer_file,
+                                                    reference):
+  returncode, stderr = interrupt(tmp_path, tokenizer_file, signal.SIGTERM)
+  assert returncode == 0, stderr[-3000:]
+  assert "preempted: saved a checkpoint at step" in stderr
+  saved = checkpoints.latest_step(tmp_path)
+  stopped_at = steps_logged(tmp_path)
+  assert saved == stopped_at < TOTAL_STEPS  # The preemption checkpoint itself.
+  run(tmp_path, tokenizer_file)
+  steps, values = losses(tmp_path)
+  assert steps == list(range(1, TOTAL_STEPS + 1))
+  np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path,
+                                                             tokenizer_file,
+                                                             reference):
+  run(tmp_path, tokenizer_file, "--config.total_steps=40", "--config.keep_checkpoints=3")
+  ckpt = pathlib.Path(checkpoints.checkpoint_dir(tmp_path))
+  assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == [30, 35, 40]
+  # Truncate every data file of the newest step's state.
+  for path in (ckpt / "40" / "state").rglob("*"):
+    if path.is_file() and path.stat().st_size > 1000:
+      path.write_bytes(path.read_bytes()[:100])
+  # And remove an item of the one before.
+  import shutil
+  shutil.rmtree(ckpt / "35" / "data")
+  out = run(tmp_path, tokenizer_file, "--config.total_steps=40")
+  assert "checkpoint at step 40 cannot be restored" in out.stderr
+  assert "checkpoint at step 35 cannot be restored" in out.stderr
+  assert "resumed from" in out.stderr and "at step 30" in out.stderr
+  # Nothing was deleted: the bad steps were moved aside, 35 and 40 written anew.
+  names = sorted(p.name for p in ckpt.iterdir())
+  assert "40.corrupt" in names and "35.corrupt" in names and "40" in names
+  steps, values = losses(tmp_path)
+  assert steps == list(range(1, TOTAL_STEPS + 1))
+  np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_resume_on_another_device_count(tmp_path, tokenizer_file, reference, devices):
+  run(tmp_path, tokenizer_file, "--config.total_steps=40",
+      "--config.checkpoint_every=20", devices=8)
+  # Pretend the run stopped at 20: drop the later checkpoint, resume elsewhere.
+  import shutil
+  shutil.rmtree(os.path.join(checkpoints.checkpoint_dir(tmp_path), "40"))
+  out = run(tmp_path, tokenizer_file, f"--config.mesh_shape=(-1,1,1)",
+            devices=devices)
+  assert f"over {devices} devices" in out.stderr and "at step 20" in out.stderr
+  steps, values = losses(tmp_path)
+  assert steps == list(range(1, TOTAL_STEPS + 1))
+  np.testing.assert_allclose(values, reference, rtol=2e-5, atol=2e-5)
+
+
+def test_init_from_starts_a_new_run_from_another_runs_params(tmp_path, tokenizer_file):
+  source = tmp_path / "source"
+  run(source, tokenizer_file, "--config.total_steps=10")
+  target = tmp_path / "target"
+  out = run(target, "", f"--config.init_from={source}", "--config.total_steps=5",
+            "--config.tokenizer.path=")
+  assert f"initialised params from step 10 of {source}" in out.stderr
+  assert (target / "tokenizer.model").read_bytes() == pathlib.Path(
+      tokenizer_file).read_bytes()
+  _, fresh = losses(source)
+  _, warm = losses(target)
+  assert warm[0] < fresh[0] - 0.3  # Starts where the other run got to.
+
+
+def test_nonfinite_step_is_skipped_and_counted():
+  config = tiny_config("maelm", **{"model.dropout": 0.0, "model.attention_dropout": 0.0})
+  cfg = model_lib.ModelConfig.from_config(config.model, 64, 4)
+  tx = train_lib.make_optimizer(config)
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, shardings = train_lib.create_sharded_state(cfg, 32, tx, mesh, 0)
+  step, _ = train_lib.jit_steps(cfg, 32, tx, mesh, shardings)
+  batch = {"input_ids": random_ids(8, 32, 64)}
+  state, _ = step(state, batch)
+  good_bias = state.params["lm_head"]["bias"]
+  poisoned = state.replace(params={**state.params, "lm_head": {
+      **state.params["lm_head"], "bias": good_bias.at[7].set(np.nan)}})
+  before = jax.tree.map(np.asarray, (poisoned.params, poisoned.opt_state))
+  after_state, metrics = step(poisoned, batch)
+  assert not np.isfinite(float(metrics["loss"]))
+  assert int(after_state.step) == 2 and int(after_state.nonfinite_count) == 1
+  assert int(after_state.last_nonfinite_step) == 2
+  after = jax.tree.map(np.asarray, (after_state.params, after_state.opt_state))
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(a, b)  # Nothing applied, Adam moments intact.
+
+
+def test_nonfinite_policy_stop_names_the_step_and_keeps_checkpoints(tmp_path):
+  config = tiny_config("maelm", **{
+      "data.source": "pydoc:", "tokenizer.vocab_size": 600, "batch_size": 8,
+      "seq_len": 64, "total_steps": 12, "warmup_steps": 0, "log_every": 4,
+      "eval_every": 100, "checkpoint_every": 1, "learning_rate": 1e30,
+      "grad_clip_norm": 1e30, "data.eval_fraction": 0.05})
+  with pytest.raises(FloatingPointError, match=r"non-finite .* the last at step \d+"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert checkpoints.latest_step(tmp_path) is not None  # Earlier ones are kept.
+
+
+def test_workdir_of_another_config_is_refused(tmp_path, tokenizer_file):
+  run(tmp_path, tokenizer_file, "--config.total_steps=2", "--config.warmup_steps=1")
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="8")
+  out = subprocess.run(command(tmp_path, tokenizer_file, "--config.model.mask_ratio=0.3"),
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0
+  assert "belongs to a run with a different config" in out.stderr
+  assert "model.mask_ratio: 0.15 -> 0.3" in out.stderr
+
+
+def test_unknown_config_key_is_a_clear_error(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "maelm_jax.main",
+                        "--config=configs/pretrain.py", f"--workdir={tmp_path}",
+                        "--config.model.mask_rate=0.3"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0
+  assert "mask_rate" in out.stderr and 'Did you mean "mask_ratio"' in out.stderr
+
+
+def test_missing_data_and_unwritable_workdir(tmp_path):
+  config = tiny_config("maelm", **{"data.source": f"text:{tmp_path}/nothing/*.txt"})
+  with pytest.raises(FileNotFoundError, match="nothing"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n\n")
+  with pytest.raises(ValueError):
+    train.train_and_evaluate(tiny_config("maelm", **{"data.source": f"text:{empty}"}),
+                             str(tmp_path / "run2"))
+  not_a_directory = tmp_path / "file"
+  not_a_directory.write_text("x")
+  with pytest.raises(PermissionError, match="writable --workdir"):
+    train.train_and_evaluate(tiny_config("maelm"), str(not_a_directory / "run"))
+
+
+def test_corpus_smaller_than_a_batch(tmp_path, tokenizer_file):
+  small = tmp_path / "small.txt"
+  small.write_text("\n\n".join(f"Paragraph {i} has a few words of text." for i in range(10)))
+  config = tiny_config("maelm", **{"data.source": f"text:{small}",
+                                   "data.eval_fraction": 0.5,
+                                   "tokenizer.path": tokenizer_file,
+                                   "tokenizer.vocab_size": 600, "batch_size": 64})
+  with pytest.raises(ValueError, match="fewer than one batch needs"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
