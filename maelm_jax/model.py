@@ -341,6 +341,9 @@ class Encoder(nn.Module):
                          self.deterministic, cfg.relative_position_bias,
                          name="encoder")
 
+  def encode(self, input_ids, positions, valid):
+    return self.encoder(self.token_embed(input_ids), positions, valid)
+
   def __call__(self, input_ids, positions=None, valid=None):
     """input_ids [B, n] at original positions [B, n] (default 0..n-1); valid marks
     real (non-padding) tokens. Returns [B, n, D]."""
@@ -348,24 +351,19 @@ class Encoder(nn.Module):
       positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
     if valid is None:
       valid = input_ids != 0  # [PAD]
-    return self.encoder(self.token_embed(input_ids), positions, valid)
+    return self.encode(input_ids, positions, valid)
 
 
-class MaskedLM(nn.Module):
-  """Encoder + (optional) decoder + LM head on the K selected positions."""
+class MaskedLM(Encoder):
+  """Encoder + (optional) decoder + LM head on the K selected positions.
 
-  cfg: ModelConfig
-  deterministic: bool = True
+  A subclass of `Encoder`, so the pretraining model and the fine-tuning encoder
+  are one definition with one parameter layout.
+  """
 
   def setup(self):
+    super().setup()
     cfg = self.cfg
-    self.token_embed = nn.Embed(
-        cfg.vocab_size, cfg.hidden, name="token_embed",
-        embedding_init=nn.with_logical_partitioning(_dense_init(),
-                                                    ("vocab", "embed")))
-    self.encoder = Stack(cfg, cfg.num_layers, cfg.dropout, cfg.attention_dropout,
-                         self.deterministic, cfg.relative_position_bias,
-                         name="encoder")
     if cfg.decoder_type != "none":
       self.decoder = Stack(cfg, cfg.decoder_layers, cfg.decoder_dropout,
                            cfg.decoder_dropout, self.deterministic,
@@ -378,8 +376,7 @@ class MaskedLM(nn.Module):
     """Returns float32 logits [B, K, V] at `masks.selected_positions`."""
     cfg = self.cfg
     enc_valid = masks.encoder_ids != 0
-    enc_out = self.encoder(self.token_embed(masks.encoder_ids),
-                           masks.encoder_positions, enc_valid)
+    enc_out = self.encode(masks.encoder_ids, masks.encoder_positions, enc_valid)
     if cfg.decoder_type == "none":
       # MLM: the encoder ran on all L positions; read the selected ones.
       hidden = jnp.take_along_axis(enc_out, masks.selected_positions[..., None],
