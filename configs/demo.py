@@ -24,8 +24,8 @@ def get_config(arg=None):
   config.unlock()
   config.data.source = "pydoc:"
   config.tokenizer.vocab_size = 4000
-  config.total_steps = 600
-  config.warmup_steps = 60
+  config.total_steps = 400
+  config.warmup_steps = 40
   config.batch_size = 32
   config.seq_len = 128
   config.learning_rate = 1e-3
