@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Runs maelm_jax on every worker of a Cloud TPU VM (pod slice) through gcloud.
+#
+#   launch/tpu_pod.sh --tpu=NAME --zone=ZONE [--project=PROJECT] [--skip_copy]
+#                     [--skip_install] [--detach] [--dry_run] -- <arguments of maelm_jax.main>
+#
+# Steps, each a gcloud command over all workers (--worker=all, in parallel):
+#   1. copy this repository (without .venv, workdirs, .git, caches) to ~/maelm-jax
+#      on every worker: a clean local copy, then `tpu-vm scp --recurse`;
+#   2. install it into the venv ~/maelm-venv: `pip install -e . "jax[tpu]"`;
+#   3. run `python -m maelm_jax.main <arguments>` in ~/maelm-jax on every worker
+#      with MAELM_DISTRIBUTED=tpu, so that maelm_jax/distributed.py calls
+#      jax.distributed.initialize() with no arguments and JAX takes worker count,
+#      worker id and coordinator from the TPU metadata.
+# --skip_copy / --skip_install leave out steps 1 / 2 (a relaunch of the same code).
+# --detach starts the run under nohup (log: ~/maelm-jax.log on each worker) and
+# returns, so a dropped ssh connection does not kill a long run.
+# --dry_run prints the exact commands and runs nothing.
+#
+# --workdir must be a filesystem every worker shares (a gcsfuse-mounted bucket,
+# Filestore/NFS): process 0 writes the tokenizer and metrics there and all
+# processes write their part of each checkpoint.
+#
+# Example:
+#   launch/tpu_pod.sh --tpu=my-v4-32 --zone=us-central2-b -- \
+#       --config=configs/pretrain.py:objective=maelm,size=base \
+#       --workdir=/mnt/shared/maelm_base --config.batch_size=2048 \
+#       --config.data.source=tfds:wikipedia/20230601.en \
+#       --config.data.tfds_data_dir=/mnt/shared/tensorflow_datasets
+set -euo pipefail
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+}
+
+die() {
+  echo "tpu_pod.sh: $*" >&2
+  exit 2
+}
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REMOTE_DIR="maelm-jax"     # Under each worker's home directory.
+REMOTE_VENV="maelm-venv"
+REMOTE_LOG="maelm-jax.log"
+tpu=""
+zone=""
+project=""
+dry_run=0
+skip_copy=0
+skip_install=0
+detach=0
+
+while (($#)); do
+  case "$1" in
+    --tpu=*) tpu="${1#*=}" ;;
+    --zone=*) zone="${1#*=}" ;;
+    --project=*) project="${1#*=}" ;;
+    --tpu | --zone | --project)
+      (($# >= 2)) || die "$1 needs a value"
+      declare "${1#--}=$2"
+      shift
+      ;;
+    --skip_copy) skip_copy=1 ;;
+    --skip_install) skip_install=1 ;;
+    --detach) detach=1 ;;
+    --dry_run | --dry-run) dry_run=1 ;;
+    -h | --help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) die "unknown option '$1'. Launcher options go before '--', the arguments of maelm_jax.main after it (--help for usage)" ;;
+  esac
+  shift
+done
+main_args=("$@")
+
+[[ -n "$tpu" ]] || die "--tpu=NAME is required (the TPU VM name, as in 'gcloud compute tpus tpu-vm list')"
+[[ -n "$zone" ]] || die "--zone=ZONE is required (e.g. us-central2-b)"
+((${#main_args[@]})) || die "no arguments for maelm_jax.main after '--' (at least --config and --workdir)"
+
+workdir=""
+for ((k = 0; k < ${#main_args[@]}; k++)); do
+  case "${main_args[k]}" in
+    --workdir=* | -workdir=*) workdir="${main_args[k]#*=}" ;;
+    --workdir | -workdir) workdir="${main_args[k + 1]:-}" ;;
+  esac
+done
+if [[ -z "$workdir" ]]; then
+  die "no --workdir in the arguments of maelm_jax.main"
+elif [[ "$workdir" != /* ]]; then
+  echo "tpu_pod.sh: warning: --workdir=$workdir is relative, i.e. under ~/$REMOTE_DIR on each worker's own disk; a pod needs a directory all workers share" >&2
+fi
+
+gcloud_tail=(--zone="$zone")
+[[ -n "$project" ]] && gcloud_tail+=(--project="$project")
+gcloud_tail+=(--worker=all)
+
+stage="${TMPDIR:-/tmp}/maelm-jax-stage.$$"
+quote() {  # Shell-quoted words, space-separated.
+  local out
+  out="$(printf '%q ' "$@")"
+  printf '%s' "${out% }"
+}
+
+# The remote commands (run by each worker's login shell, in its home directory).
+args_q="$(quote "${main_args[@]}")"
+run_cmd="cd ~/$REMOTE_DIR && MAELM_DISTRIBUTED=tpu"
+if ((detach)); then
+  run_cmd+=" nohup ~/$REMOTE_VENV/bin/python -m maelm_jax.main ${args_q} > ~/$REMOTE_LOG 2>&1 < /dev/null &"
+else
+  run_cmd+=" ~/$REMOTE_VENV/bin/python -m maelm_jax.main ${args_q}"
+fi
+install_cmd="set -e; cd ~/$REMOTE_DIR; if [ ! -x ~/$REMOTE_VENV/bin/python ]; then python3 -m venv ~/$REMOTE_VENV || { sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv && python3 -m venv ~/$REMOTE_VENV; }; fi; ~/$REMOTE_VENV/bin/pip install -q -U pip; ~/$REMOTE_VENV/bin/pip install -q -e . 'jax[tpu]'"
+
+commands=()   # Each entry: one command line, already shell-quoted.
+if ((!skip_copy)); then
+  commands+=("rm -rf $(quote "$stage") && mkdir -p $(quote "$stage/$REMOTE_DIR") && tar -C $(quote "$REPO") --exclude=./.venv --exclude=./workdirs --exclude=./.git --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache -cf - . | tar -C $(quote "$stage/$REMOTE_DIR") -xf -")
+  commands+=("$(quote gcloud compute tpus tpu-vm ssh "$tpu" "${gcloud_tail[@]}" --command="rm -rf ~/$REMOTE_DIR")")
+  commands+=("$(quote gcloud compute tpus tpu-vm scp --recurse "$stage/$REMOTE_DIR" "$tpu:~/" "${gcloud_tail[@]}")")
+  commands+=("rm -rf $(quote "$stage")")
+fi
+if ((!skip_install)); then
+  commands+=("$(quote gcloud compute tpus tpu-vm ssh "$tpu" "${gcloud_tail[@]}" --command="$install_cmd")")
+fi
+commands+=("$(quote gcloud compute tpus tpu-vm ssh "$tpu" "${gcloud_tail[@]}" --command="$run_cmd")")
+
+if ((dry_run)); then
+  echo "# maelm_jax on all workers of TPU $tpu (zone $zone${project:+, project $project})"
+  printf '%s\n' "${commands[@]}"
+  exit 0
+fi
+
+command -v gcloud > /dev/null || die "gcloud not found; install the Google Cloud CLI (or use --dry_run to see the commands)"
+for c in "${commands[@]}"; do
+  echo "+ $c" >&2
+  eval "$c"
+done

@@ -1,0 +1,202 @@
+"""The real multi-process run: 2 processes x 4 CPU devices through launch/local.sh.
+
+One test, three runs (one test so that pytest-xdist never runs them twice):
+
+  A  launch/local.sh --num_processes=2 --devices_per_process=4, 6 steps: the JAX
+     coordination service on 127.0.0.1, gloo collectives between the processes,
+     process 0 training the tokenizer while process 1 waits for it, each
+     process reading its own data, one metrics.jsonl, checkpoints from both;
+  B  the same launch with total_steps=9 on A's workdir: resumes at step 6 and
+     logs steps 7..9 only;
+  R  one process with 8 devices (`JAX_NUM_CPU_DEVICES=8 python -m maelm_jax.main`),
+     9 steps, uninterrupted, into its own workdir (run alongside B).
+
+A's losses at steps 1..6 and B's at 7..9 must equal R's (rtol 1e-5): the same
+global batches (data.num_streams=2 makes them independent of the process count),
+the same mesh (8, 1, 1), the same rng. warmup_steps=6 keeps the learning rate of
+steps 1..6 the same whether total_steps is 6 or 9.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LOCAL_SH = REPO / "launch" / "local.sh"
+TIMEOUT_S = 420  # Per launch; a healthy one takes well under a minute.
+
+COMMON_ARGS = [
+    "--config=configs/pretrain.py:objective=maelm,size=tiny",
+    "--config.data.source=pydoc:",
+    "--config.tokenizer.vocab_size=600",
+    "--config.batch_size=16", "--config.seq_len=64",
+    "--config.log_every=1", "--config.eval_every=6", "--config.eval_batches=2",
+    "--config.checkpoint_every=3", "--config.model.dtype=float32",
+    "--config.mesh_shape=(-1,1,1)",
+    # Same global batch with 1 or 2 processes (see pipeline.make_pretrain_dataset).
+    "--config.data.num_streams=2",
+    # Learning rate of steps 1..6 independent of total_steps (6 or 9).
+    "--config.warmup_steps=6",
+    # The default 1% held out gives process 1 one eval batch and process 0 two:
+    # train.evaluate must stop both after one (an eval step is a collective).
+]
+
+
+def clean_env(**extra):
+  """This environment without anything that would steer distribution or devices
+  (conftest sets JAX_NUM_CPU_DEVICES=8 for the test process itself)."""
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("MAELM_", "SLURM_", "TPU_", "MEGASCALE_", "JAX_"))
+         and k != "XLA_FLAGS"}
+  env.update(PYTHON=sys.executable, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+             # Halves XLA:CPU compile time, which is most of this test; all three
+             # runs use the same flags, so they stay comparable.
+             XLA_FLAGS="--xla_backend_optimization_level=0 "
+                       "--xla_llvm_disable_expensive_passes=true")
+  env.update(extra)
+  return env
+
+
+class Run:
+  """A subprocess writing to a file, stopped cleanly on timeout."""
+
+  def __init__(self, name, cmd, env, out_path, launcher):
+    self.name, self.cmd, self.out_path, self.launcher = name, cmd, out_path, launcher
+    with open(out_path, "w") as out:
+      self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    self.start = time.monotonic()
+    self.seconds = None
+
+  def output(self):
+    return self.out_path.read_text(errors="replace")
+
+  def stop(self):
+    if self.proc.poll() is not None:
+      return
+    if self.launcher:  # local.sh: a second SIGINT SIGKILLs its processes.
+      for _ in range(2):
+        self.proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+      try:
+        self.proc.wait(timeout=15)
+        return
+      except subprocess.TimeoutExpired:
+        pass
+    os.killpg(self.proc.pid, signal.SIGKILL)
+    self.proc.wait()
+
+  def finish(self):
+    """Waits; fails the test with the output's tail unless it exited 0."""
+    deadline = self.start + TIMEOUT_S
+    while self.proc.poll() is None:
+      if time.monotonic() > deadline:
+        self.stop()
+        pytest.fail(f"{self.name} did not finish in {TIMEOUT_S}s (deadlock?); "
+                    f"output tail:\n{self.output()[-4000:]}")
+      time.sleep(0.2)
+    self.seconds = time.monotonic() - self.start
+    if self.proc.returncode != 0:
+      pytest.fail(f"{self.name} exited with {self.proc.returncode}:\n"
+                  f"{' '.join(map(str, self.cmd))}\n{self.output()[-6000:]}")
+    return self.output()
+
+
+def launch_two_processes(name, workdir, total_steps, out_dir):
+  cmd = ["bash", str(LOCAL_SH), "--num_processes=2", "--devices_per_process=4", "--",
+         *COMMON_ARGS, f"--config.total_steps={total_steps}", f"--workdir={workdir}"]
+  return Run(name, cmd, clean_env(), out_dir / f"{name}.out", launcher=True)
+
+
+def one_process(name, workdir, total_steps, out_dir, *extra_args):
+  cmd = [sys.executable, "-m", "maelm_jax.main", *COMMON_ARGS, *extra_args,
+         f"--config.total_steps={total_steps}", f"--workdir={workdir}"]
+  return Run(name, cmd, clean_env(JAX_NUM_CPU_DEVICES="8"), out_dir / f"{name}.out",
+             launcher=False)
+
+
+def read_metrics(workdir):
+  with open(workdir / "metrics.jsonl") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def by_step(records, key):
+  return {r["step"]: r[key] for r in records if key in r}
+
+
+def checkpoint_steps(workdir):
+  return sorted(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit())
+
+
+def test_two_processes_match_one_process_and_resume(tmp_path):
+  two, one = tmp_path / "two_processes", tmp_path / "one_process"
+  runs = []
+  try:
+    # ------------------------------------------------ A: 2 processes, 6 steps --
+    run_a = launch_two_processes("A", two, 6, tmp_path)
+    runs.append(run_a)
+    out_a = run_a.finish()
+    records_a = read_metrics(two)
+    # Only process 0 writes metrics: each step exactly once.
+    assert [r["step"] for r in records_a] == [1, 2, 3, 4, 5, 6]
+    assert "eval/loss" in records_a[-1]
+    assert checkpoint_steps(two)[-2:] == [3, 6]
+    assert (two / "tokenizer.model").exists() and (two / "config.json").exists()
+    logs = [(two / "logs" / f"process_{i}.log").read_text() for i in range(2)]
+    for i, text in enumerate(logs):
+      assert "distributed: explicit" in text and f"process {i} of 2" in text, text[-3000:]
+      assert "4 local / 8 global devices" in text
+    assert "step 6/6" in out_a  # Process 0 streams to the launcher's terminal.
+    assert "distributed: process 1 of 2" not in out_a  # Process 1 only to its log.
+
+    # -------------- B (resume, 2 processes) and R (1 process x 8), side by side --
+    run_b = launch_two_processes("B", two, 9, tmp_path)
+    runs.append(run_b)
+    # R uses A's tokenizer: the comparison is about distribution, not about
+    # SentencePiece training being bit-reproducible.
+    run_r = one_process("R", one, 9, tmp_path,
+                        f"--config.tokenizer.path={two / 'tokenizer.model'}")
+    runs.append(run_r)
+    out_b = run_b.finish()
+    run_r.finish()
+  finally:
+    for run in runs:
+      run.stop()
+  print("wall seconds:", {run.name: run.seconds and round(run.seconds, 1) for run in runs})
+
+  records_r = read_metrics(one)
+  assert [r["step"] for r in records_r] == list(range(1, 10))
+  loss_r = by_step(records_r, "train/loss")
+
+  # ---------------------------- 2 processes x 4 devices == 1 process x 8 devices --
+  loss_a = by_step(records_a, "train/loss")
+  np.testing.assert_allclose([loss_a[s] for s in range(1, 7)],
+                             [loss_r[s] for s in range(1, 7)], rtol=1e-5,
+                             err_msg="train/loss, steps 1..6: 2 processes vs 1")
+  np.testing.assert_allclose(records_a[-1]["eval/loss"], by_step(records_r, "eval/loss")[6],
+                             rtol=1e-5, err_msg="eval/loss at step 6: 2 processes vs 1")
+
+  # ------------------------------------------------------------------ Resume --
+  assert "resumed from" in out_b and "at step 6" in out_b, out_b[-3000:]
+  for step in (7, 8, 9):
+    assert f"step {step}/9" in out_b
+  for step in range(1, 7):
+    assert f"step {step}/9" not in out_b, f"the resumed run trained step {step} again"
+  records = read_metrics(two)
+  assert [r["step"] for r in records] == list(range(1, 10)), (
+      "metrics.jsonl must hold A's steps 1..6 then B's 7..9, each once")
+  assert records[:6] == records_a  # B did not rewrite A's records.
+  assert checkpoint_steps(two)[-1] == 9
+  resumed = by_step(records[6:], "train/loss")
+  expected = [loss_r[s] for s in (7, 8, 9)]
+  got = [resumed[s] for s in (7, 8, 9)]
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0,
+                             err_msg="train/loss, steps 7..9: resumed 2-process run "
+                                     "vs uninterrupted 1-process run")
