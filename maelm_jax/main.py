@@ -49,7 +49,10 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # Imported late so that --xla flags and env set by launchers apply.
   from maelm_jax import distributed
-  distributed.maybe_initialize()  # Multi-host: before anything touches devices.
+  try:
+    distributed.maybe_initialize()  # Multi-host: before anything touches devices.
+  except distributed.DistributedConfigError as e:
+    raise app.UsageError(str(e)) from e
   from maelm_jax import train  # noqa: F401
   logging.info("JAX %s, %d processes, devices: %s", jax.__version__,
                jax.process_count(), jax.devices())

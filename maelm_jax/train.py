@@ -20,7 +20,9 @@ import time
 from absl import logging
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 
 from maelm_jax import (checkpoints, config_lib, flops, metric_writers, pipeline,
                        preemption, sharding, sources, tokenizer as tokenizer_lib,
@@ -63,6 +65,10 @@ def check_corpus_fills_a_batch(source, tokenizer, seq_len, batch_size, what) -> 
 
 def prepare_workdir(config, workdir: str) -> None:
   """Creates the workdir, or checks that an existing one belongs to this config."""
+  if "://" in workdir:
+    raise ValueError(f"--workdir={workdir}: URLs are not supported (metrics, logs and "
+                     "the tokenizer are written with local file I/O); mount the bucket "
+                     "(e.g. gcsfuse) and pass the mounted path")
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as error:
@@ -128,9 +134,17 @@ def _global_batch(mesh, local_batch):
 
 
 def evaluate(eval_step, params, eval_ds, mesh, eval_rng, num_batches):
+  """Masked-token loss/accuracy over up to `num_batches` held-out batches.
+
+  Each process reads its own documents, so the processes' eval streams can end at
+  different batches. The eval step is a collective: every process must call it the
+  same number of times, so they agree each step whether all still have a batch.
+  """
   totals = {"loss_sum": 0.0, "correct": 0.0, "weight": 0.0}
-  for index, batch in enumerate(eval_ds):
-    if index >= num_batches:
+  iterator = iter(eval_ds)
+  for index in range(num_batches):
+    batch = next(iterator, None)
+    if not _all_processes_have(batch is not None):
       break
     out = eval_step(params, _global_batch(mesh, batch), eval_rng, jnp.int32(index))
     for key, value in jax.device_get(out).items():
@@ -138,6 +152,13 @@ def evaluate(eval_step, params, eval_ds, mesh, eval_rng, num_batches):
   weight = max(totals["weight"], 1.0)
   return {"eval/loss": totals["loss_sum"] / weight,
           "eval/accuracy": totals["correct"] / weight}
+
+
+def _all_processes_have(flag: bool) -> bool:
+  if jax.process_count() == 1:
+    return flag
+  flags = multihost_utils.process_allgather(np.asarray(flag, np.int32))
+  return bool(np.all(flags))
 
 
 def load_init_from(config, state, state_shardings):
