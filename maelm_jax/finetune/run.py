@@ -1,0 +1,591 @@
+"""Fine-tuning on GLUE or SQuAD: one loop for both (big_vision style sections).
+
+    python -m maelm_jax.main --config=configs/glue.py:task=rte \
+        --config.init_from=PRETRAIN_WORKDIR --config.data.dir=/data/glue/RTE \
+        --workdir=/tmp/rte
+    python -m maelm_jax.main --config=configs/squad.py:version=1.1 \
+        --config.init_from=PRETRAIN_WORKDIR --config.data.train_file=train-v1.1.json \
+        --config.data.eval_file=dev-v1.1.json --workdir=/tmp/squad
+
+The tokenizer and the encoder (`token_embed`, `encoder`) come from the pretraining
+workdir; the MAE-LM/3ML decoder and the LM head are not loaded. A freshly
+initialised head is added (`heads.py`) and everything is trained with AdamW,
+linear warm-up over `warmup_ratio` of the steps and linear decay, on the same
+`('data', 'fsdp', 'tensor')` mesh and sharding rules as pretraining.
+
+Every epoch evaluates all dev examples (the last batch is padded, never
+dropped) and appends to `metrics.jsonl`. At the end the workdir holds:
+
+  eval_results.json      {"task", "step", <last epoch's metrics>,
+                          "best": {"step", "epoch", <metrics>}, "history": [...]}
+  eval_predictions.jsonl GLUE: {"index", "prediction", "label"} per dev example
+  glue_submission/*.tsv  GLUE, with data.predict_test: the server's format
+  predictions.json       SQuAD: question id -> answer (official format)
+  null_odds.json         SQuAD v2.0: question id -> no-answer score
+  config.json            this run's config
+
+Every configuration error is raised before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any
+
+from absl import logging
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from maelm_jax import checkpoints, metric_writers, sharding, train_lib
+from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
+from maelm_jax.finetune import squad_data, squad_metrics
+
+RESULTS_FILE = "eval_results.json"
+
+
+class FinetuneState(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any  # {backbone: {token_embed, encoder}, head | span_head: ...}
+  opt_state: Any
+  rng: jax.Array  # Dropout uses fold_in(rng, step).
+
+
+@dataclasses.dataclass
+class EvalSet:
+  name: str  # "dev", "mnli_m", "mnli_mm", "squad".
+  input_ids: np.ndarray  # int32 [N, max_seq_len]
+
+
+@dataclasses.dataclass
+class Evaluation:
+  metrics: dict[str, float]
+  outputs: Any  # What `write_predictions` needs (problem-specific).
+
+
+# ------------------------------------------------------------------ GLUE --
+
+
+class GlueProblem:
+  """A GLUE task: classification (or STS-B regression) on the first token."""
+
+  def __init__(self, config):
+    self.config = config
+    self.task = glue_data.get_task(config.task)
+    self.main_metric = self.task.main_metric
+    self.data = glue_data.GlueData(self.task, config.data.source, config.data.dir,
+                                   config.data.tfds_data_dir)
+    self.data.check_files(test=config.data.predict_test)
+    diagnostic = config.data.diagnostic_file
+    if diagnostic and self.task.name != "mnli":
+      raise ValueError("--config.data.diagnostic_file is scored by the MNLI model; "
+                       f"drop it for task {self.task.name!r}")
+    if diagnostic and not os.path.isfile(diagnostic):
+      raise FileNotFoundError(f"--config.data.diagnostic_file={diagnostic!r} not "
+                              "found; use GLUE's diagnostic/diagnostic.tsv")
+
+  def load(self, tokenizer) -> None:
+    """Reads and encodes every split (also the test sets, so that a bad file
+    fails now rather than after training)."""
+    encode = lambda examples: glue_data.encode_examples(
+        examples, tokenizer, self.config.max_seq_len)
+    train = _subset(self.data.train(), self.config.data.max_train_examples)
+    self.train = {"input_ids": encode(train),
+                  "label": glue_data.label_array(self.task, train)}
+    self.dev_examples = {s.name: self.data.dev(s) for s in self.task.eval_splits}
+    self.eval_sets = [EvalSet(s.name, encode(self.dev_examples[s.name]))
+                      for s in self.task.eval_splits]
+    self.test_sets = []  # (submission file, examples, input_ids)
+    if self.config.data.predict_test:
+      for split in self.task.eval_splits:
+        examples = self.data.test(split)
+        self.test_sets.append((split.submission_file, examples, encode(examples)))
+    if self.config.data.diagnostic_file:
+      examples = glue_data.read_diagnostic_tsv(self.config.data.diagnostic_file)
+      self.test_sets.append((glue_data.DIAGNOSTIC_SUBMISSION_FILE, examples,
+                             encode(examples)))
+    logging.info("%s: %d train examples; dev %s", self.task.name, len(train),
+                 {k: len(v) for k, v in self.dev_examples.items()})
+
+  def make_model(self, model_cfg, deterministic: bool) -> nn.Module:
+    return heads.SequenceClassifier(model_cfg, self.task.num_outputs, deterministic)
+
+  def loss(self, outputs, batch) -> jax.Array:
+    if self.task.is_regression:
+      return heads.regression_loss(outputs, batch["label"])
+    return heads.classification_loss(outputs, batch["label"])
+
+  def _predictions(self, outputs: np.ndarray) -> np.ndarray:
+    return outputs[:, 0] if self.task.is_regression else outputs.argmax(axis=-1)
+
+  def evaluate(self, outputs: dict[str, np.ndarray]) -> Evaluation:
+    results, records = {}, []
+    for split in self.task.eval_splits:
+      examples = self.dev_examples[split.name]
+      predictions = self._predictions(outputs[split.name])
+      labels = glue_data.label_array(self.task, examples)
+      for name, value in metrics_lib.compute(self.task.metrics, predictions,
+                                             labels).items():
+        results[split.metric_prefix + name] = value
+      for example, prediction in zip(examples, predictions):
+        record = {"index": example.index, "prediction": prediction.item(),
+                  "label": example.label}
+        if len(self.task.eval_splits) > 1:
+          record["split"] = split.name
+        records.append(record)
+    return Evaluation(results, records)
+
+  def predict_test(self, predict) -> list[tuple[str, list, np.ndarray]]:
+    """(submission file, examples, predictions) of each test set; runs the
+    model, so every process calls it."""
+    return [(file_name, examples, self._predictions(predict(input_ids)))
+            for file_name, examples, input_ids in self.test_sets]
+
+  def write_predictions(self, workdir: str, evaluation: Evaluation,
+                        test_predictions) -> None:
+    with open(os.path.join(workdir, "eval_predictions.jsonl"), "w") as f:
+      for record in evaluation.outputs:
+        f.write(json.dumps(record) + "\n")
+    if not test_predictions:
+      return
+    directory = os.path.join(workdir, "glue_submission")
+    os.makedirs(directory, exist_ok=True)
+    for file_name, examples, predictions in test_predictions:
+      glue_data.write_submission(os.path.join(directory, file_name), self.task,
+                                 [e.index for e in examples], predictions)
+    logging.info("test predictions in %s", directory)
+
+
+# ----------------------------------------------------------------- SQuAD --
+
+
+class SquadProblem:
+  """SQuAD v1.1/v2.0: start/end logits over sliding windows."""
+
+  main_metric = "f1"
+
+  def __init__(self, config):
+    self.config = config
+    self.version = config.version
+    if self.version not in squad_metrics.VERSIONS:
+      raise ValueError(f"config.version={self.version!r}: use "
+                       "configs/squad.py:version=1.1 or version=2.0")
+    if config.data.source not in ("json", "tfds"):
+      raise ValueError(f"--config.data.source={config.data.source!r}: use 'json' "
+                       "(data.train_file / data.eval_file) or 'tfds' (squad/v<version>)")
+    if config.data.source == "json":
+      for flag in ("train_file", "eval_file"):
+        path = config.data[flag]
+        if not path or not os.path.isfile(path):
+          raise FileNotFoundError(
+              f"--config.data.{flag}={path!r} is not a file; pass the official "
+              f"SQuAD v{self.version} JSON (e.g. {'train' if flag == 'train_file' else 'dev'}"
+              f"-v{self.version}.json) or use --config.data.source=tfds")
+    c = config
+    if c.max_query_len < 1 or c.max_query_len + 3 >= c.max_seq_len:
+      raise ValueError(f"max_query_len={c.max_query_len} leaves no room for context in "
+                       f"max_seq_len={c.max_seq_len}; it must be in [1, max_seq_len - 4]")
+    for name in ("doc_stride", "max_answer_len", "n_best"):
+      if c[name] < 1:
+        raise ValueError(f"{name}={c[name]} must be >= 1")
+
+  def _read(self, which: str) -> list[squad_data.SquadExample]:
+    data = self.config.data
+    if data.source == "tfds":
+      split = "train" if which == "train" else "validation"
+      return squad_data.read_squad_tfds(self.version, split,
+                                        data_dir=data.tfds_data_dir or None)
+    path = data.train_file if which == "train" else data.eval_file
+    examples = squad_data.read_squad_json(path)
+    if self.version == "1.1" and any(e.is_impossible for e in examples):
+      raise ValueError(f"{path} has unanswerable questions (SQuAD v2.0); use "
+                       "configs/squad.py:version=2.0")
+    return examples
+
+  def load(self, tokenizer) -> None:
+    c = self.config
+    make = lambda examples, training: squad_data.make_features(
+        examples, tokenizer, max_seq_len=c.max_seq_len, doc_stride=c.doc_stride,
+        max_query_len=c.max_query_len, training=training)
+    train = make(_subset(self._read("train"), c.data.max_train_examples), True)
+    self.train = {"input_ids": train.input_ids,
+                  "start_positions": train.start_positions,
+                  "end_positions": train.end_positions}
+    self.examples = self._read("eval")
+    self.features = make(self.examples, False)
+    self.eval_sets = [EvalSet("squad", self.features.input_ids)]
+    logging.info("SQuAD v%s: %d train windows; %d dev questions in %d windows",
+                 self.version, len(train), len(self.examples), len(self.features))
+
+  def make_model(self, model_cfg, deterministic: bool) -> nn.Module:
+    return heads.SpanExtractor(model_cfg, deterministic)
+
+  def loss(self, outputs, batch) -> jax.Array:
+    start_logits, end_logits = outputs
+    return heads.span_loss(start_logits, end_logits, batch["start_positions"],
+                           batch["end_positions"])
+
+  def evaluate(self, outputs: dict[str, Any]) -> Evaluation:
+    start_logits, end_logits = outputs["squad"]
+    decoded = squad_data.decode(self.examples, self.features, start_logits, end_logits,
+                                n_best=self.config.n_best,
+                                max_answer_len=self.config.max_answer_len)
+    predictions = squad_data.final_predictions(
+        decoded, self.version, self.config.null_score_diff_threshold)
+    gold = squad_data.gold_answers(self.examples)
+    results = squad_metrics.evaluate(gold, predictions, self.version)
+    if self.version == "2.0":
+      results.update(squad_metrics.best_thresholds(gold, decoded.best_text,
+                                                   decoded.no_answer_score))
+    return Evaluation(results, (predictions, decoded))
+
+  def predict_test(self, predict) -> list:
+    del predict  # SQuAD's test sets are hidden; there is nothing to predict.
+    return []
+
+  def write_predictions(self, workdir: str, evaluation: Evaluation,
+                        test_predictions) -> None:
+    del test_predictions
+    predictions, decoded = evaluation.outputs
+    with open(os.path.join(workdir, "predictions.json"), "w") as f:
+      json.dump(predictions, f, indent=1, ensure_ascii=False)
+    if self.version == "2.0":
+      with open(os.path.join(workdir, "null_odds.json"), "w") as f:
+        json.dump(decoded.no_answer_score, f, indent=1)
+
+
+def _subset(examples: list, limit: int) -> list:
+  """A fixed random subset (the same for every seed of a sweep), or all."""
+  if not limit or limit >= len(examples):
+    return examples
+  keep = np.sort(np.random.default_rng(0).permutation(len(examples))[:limit])
+  return [examples[i] for i in keep]
+
+
+# ------------------------------------------------------------ Validation --
+
+
+def validate(config) -> None:
+  """Static checks; each message names the fix."""
+  errors = []
+
+  def need(cond, msg):
+    if not cond:
+      errors.append(msg)
+
+  need(bool(config.init_from),
+       "--config.init_from is empty; set it to the --workdir of a maelm_jax "
+       "pretraining run (its config.json, tokenizer.model and checkpoints are used)")
+  need(8 <= config.max_seq_len, f"max_seq_len={config.max_seq_len} must be >= 8")
+  need(config.batch_size >= 1, f"batch_size={config.batch_size} must be >= 1")
+  need(config.eval_batch_size >= 1,
+       f"eval_batch_size={config.eval_batch_size} must be >= 1")
+  need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
+  need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
+  need(0.0 <= config.warmup_ratio < 1.0,
+       f"warmup_ratio={config.warmup_ratio} must be in [0, 1), e.g. 0.06")
+  need(0.0 <= config.dropout < 1.0 and 0.0 <= config.attention_dropout < 1.0,
+       "dropout and attention_dropout must be in [0, 1)")
+  need(config.dtype in ("", "bfloat16", "float32"),
+       f"dtype={config.dtype!r} must be '' (the pretrained model's), 'bfloat16' or "
+       "'float32'")
+  need(config.log_every >= 1, f"log_every={config.log_every} must be >= 1")
+  if errors:
+    raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def check_fits_mesh(config, mesh) -> None:
+  dp = sharding.data_parallel_size(mesh)
+  for name in ("batch_size", "eval_batch_size"):
+    size = config[name]
+    if size % dp:
+      raise ValueError(
+          f"{name}={size} is not divisible by the data-parallel size {dp} (mesh data "
+          f"x fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']}); use a multiple of "
+          f"{dp}, e.g. --config.{name}={max(dp, size // dp * dp)}")
+    if size % jax.process_count():
+      raise ValueError(f"{name}={size} is not divisible by the "
+                       f"{jax.process_count()} processes")
+
+
+def check_pretrained(config) -> None:
+  """The pretraining workdir exists and its model takes `max_seq_len` tokens."""
+  path = os.path.join(config.init_from, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"{path} not found: --config.init_from must be the --workdir of a maelm_jax "
+        "pretraining run")
+  with open(path) as f:
+    max_positions = json.load(f)["model"]["max_positions"]
+  if config.max_seq_len > max_positions:
+    raise ValueError(
+        f"max_seq_len={config.max_seq_len} exceeds the {max_positions} positions the "
+        f"model in {config.init_from} was pretrained with; use "
+        f"--config.max_seq_len={max_positions} or less")
+  if checkpoints.latest_step(config.init_from) is None:
+    raise FileNotFoundError(
+        f"no checkpoint in {checkpoints.checkpoint_dir(config.init_from)}; "
+        "--config.init_from must name a pretraining run that saved one")
+
+
+# --------------------------------------------------------- Sharded state --
+
+
+def create_state(model: nn.Module, max_seq_len: int, backbone_params, tx, mesh,
+                 seed: int):
+  """The train state, already sharded: pretrained backbone + a new head.
+
+  The pattern of `train_lib.create_sharded_state`: shapes and logical partition
+  specs come from `jax.eval_shape`, the pretrained numpy arrays are placed
+  straight into their shards, and the head and optimizer state are created
+  inside a jit with `out_shardings`, so nothing is materialised whole on one
+  device. Returns (state, state_shardings).
+  """
+  dummy_ids = jnp.zeros((1, max_seq_len), jnp.int32)
+
+  def init_boxed(rng):
+    return model.init(rng, dummy_ids)["params"]
+
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    abstract_boxed = jax.eval_shape(init_boxed, jax.random.PRNGKey(0))
+    param_specs = nn.get_partition_spec(abstract_boxed)
+    abstract_params = nn.meta.unbox(abstract_boxed)
+    _check_backbone_shapes(abstract_params["backbone"], backbone_params)
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    opt_specs = optax.tree_map_params(
+        tx, lambda _, spec: spec, abstract_opt, param_specs,
+        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    specs = FinetuneState(step=jax.sharding.PartitionSpec(), params=param_specs,
+                          opt_state=opt_specs, rng=jax.sharding.PartitionSpec())
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
+    backbone_shardings = shardings.params["backbone"]
+    # Each process builds only its own shards from the host copy.
+    backbone = jax.tree.map(
+        lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+        backbone_params, backbone_shardings)
+
+    def init(seed_array, backbone):
+      init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed_array))
+      params = dict(nn.meta.unbox(init_boxed(init_rng)))
+      params["backbone"] = backbone  # XLA drops the unused random backbone init.
+      return FinetuneState(step=jnp.zeros((), jnp.int32), params=params,
+                           opt_state=tx.init(params), rng=state_rng)
+
+    state = jax.jit(init, in_shardings=(None, backbone_shardings),
+                    out_shardings=shardings)(jnp.uint32(seed), backbone)
+  return state, shardings
+
+
+def _check_backbone_shapes(expected, loaded) -> None:
+  expected_shapes = jax.tree.map(lambda x: tuple(x.shape), expected)
+  loaded_shapes = jax.tree.map(lambda x: tuple(x.shape), loaded)
+  if expected_shapes != loaded_shapes:
+    raise ValueError(
+        "the pretrained encoder's parameters do not fit the encoder built from its "
+        f"config.json:\n  built:  {expected_shapes}\n  loaded: {loaded_shapes}\n"
+        "the checkpoint and config.json of --config.init_from disagree")
+
+
+# ----------------------------------------------------------------- Steps --
+
+
+def make_steps(problem, model_cfg, tx, mesh, state_shardings):
+  """jit-compiled train step (state donated) and predict step."""
+  train_model = problem.make_model(model_cfg, deterministic=False)
+  eval_model = problem.make_model(model_cfg, deterministic=True)
+
+  def train_step(state, batch):
+    dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+    def loss_fn(params):
+      outputs = train_model.apply({"params": params}, batch["input_ids"],
+                                  rngs={"dropout": dropout_rng})
+      return problem.loss(outputs, batch)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+  def predict_step(params, input_ids):
+    return eval_model.apply({"params": params}, input_ids)
+
+  rows = sharding.batch_sharding(mesh)
+  batch_shardings = {key: rows for key in problem.train}
+  train_step = jax.jit(train_step, in_shardings=(state_shardings, batch_shardings),
+                       out_shardings=(state_shardings, sharding.replicated(mesh)),
+                       donate_argnums=0)
+  predict_step = jax.jit(predict_step, in_shardings=(state_shardings.params, rows),
+                         out_shardings=sharding.replicated(mesh))
+  return train_step, predict_step
+
+
+def _to_global(mesh, rows: np.ndarray) -> jax.Array:
+  """Every process holds the whole batch; each contributes its own rows."""
+  local = len(rows) // jax.process_count()
+  start = jax.process_index() * local
+  return jax.make_array_from_process_local_data(
+      sharding.batch_sharding(mesh), rows[start:start + local], rows.shape)
+
+
+def predict_all(predict_step, params, input_ids: np.ndarray, batch_size: int, mesh):
+  """Model outputs for every row (the last batch padded with [PAD] rows)."""
+  num_rows = len(input_ids)
+  padded = max(1, math.ceil(num_rows / batch_size)) * batch_size
+  input_ids = np.concatenate(
+      [input_ids, np.zeros((padded - num_rows,) + input_ids.shape[1:], np.int32)])
+  outputs = [predict_step(params, _to_global(mesh, input_ids[i:i + batch_size]))
+             for i in range(0, padded, batch_size)]
+  outputs = jax.device_get(outputs)
+  return jax.tree.map(lambda *chunks: np.concatenate(chunks)[:num_rows], *outputs)
+
+
+# ------------------------------------------------------------------ Run --
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Fine-tunes and evaluates per `config`; returns the eval_results dict."""
+  # ---------------------------------------------------------------- Set-up --
+  if config.mode not in ("glue", "squad"):
+    raise ValueError(f"config.mode={config.mode!r}: fine-tuning runs 'glue' or "
+                     "'squad' (configs/glue.py, configs/squad.py)")
+  validate(config)
+  is_main = jax.process_index() == 0
+  mesh = sharding.make_mesh(config.mesh_shape)
+  check_fits_mesh(config, mesh)
+  check_pretrained(config)
+  problem = GlueProblem(config) if config.mode == "glue" else SquadProblem(config)
+  os.makedirs(workdir, exist_ok=True)
+  if not os.access(workdir, os.W_OK):
+    raise PermissionError(f"workdir {workdir} is not writable; pass another --workdir")
+
+  # -------------------------------------------------- Pretrained encoder --
+  pretrained = checkpoints.load_pretrained(
+      config.init_from, encoder_only=True,
+      step=None if config.init_step < 0 else config.init_step)
+  pretrain_model = pretrained.config.model
+  dropped = ("no decoder (MLM)" if pretrain_model.decoder_type == "none" else
+             f"{pretrain_model.objective} decoder ({pretrain_model.decoder_type}, "
+             f"{pretrain_model.decoder_layers} layers)")
+  logging.info("loaded encoder (token_embed, encoder) from step %d of %s; %s and LM "
+               "head not loaded", pretrained.step, config.init_from, dropped)
+  model_cfg = dataclasses.replace(
+      pretrained.model_cfg, dropout=config.dropout,
+      attention_dropout=config.attention_dropout,
+      dtype=jnp.dtype(config.dtype) if config.dtype else pretrained.model_cfg.dtype)
+
+  # ------------------------------------------------------------------ Data --
+  problem.load(pretrained.tokenizer)
+  num_train = len(problem.train["input_ids"])
+  steps_per_epoch = num_train // config.batch_size  # The remainder is reshuffled in.
+  if steps_per_epoch == 0:
+    raise ValueError(f"{num_train} training examples do not fill one batch of "
+                     f"{config.batch_size}; lower --config.batch_size")
+  total_steps = steps_per_epoch * config.num_epochs
+  optimizer_config = ml_collections.ConfigDict(dict(
+      learning_rate=config.learning_rate, total_steps=total_steps,
+      warmup_steps=round(config.warmup_ratio * total_steps),
+      end_learning_rate_ratio=config.end_learning_rate_ratio,
+      weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
+      adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps))
+  if is_main:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+  # ------------------------------------------- Model, optimizer, sharded state --
+  tx = train_lib.make_optimizer(optimizer_config)
+  schedule = train_lib.learning_rate_schedule(optimizer_config)
+  state, state_shardings = create_state(
+      problem.make_model(model_cfg, deterministic=True), config.max_seq_len,
+      pretrained.params, tx, mesh, config.seed)
+  pretrained.params = None  # The host copy is no longer needed.
+  train_step, predict_step = make_steps(problem, model_cfg, tx, mesh, state_shardings)
+
+  def predict(input_ids):  # With the current `state` (rebound by the loop).
+    return predict_all(predict_step, state.params, input_ids, config.eval_batch_size,
+                       mesh)
+
+  logging.info("%d epochs x %d steps of %d examples (%d warm-up steps); mesh %s",
+               config.num_epochs, steps_per_epoch, config.batch_size,
+               optimizer_config.warmup_steps, dict(mesh.shape))
+
+  # ------------------------------------------------------------- Train loop --
+  writer = metric_writers.MetricWriter(workdir, is_main)
+  history, best, evaluation = [], None, None
+  step, timer, timed_examples = 0, time.perf_counter(), 0
+  for epoch in range(1, config.num_epochs + 1):
+    order = np.random.default_rng([config.seed, epoch]).permutation(num_train)
+    for i in range(steps_per_epoch):
+      rows = order[i * config.batch_size:(i + 1) * config.batch_size]
+      batch = {key: _to_global(mesh, value[rows])
+               for key, value in problem.train.items()}
+      state, train_metrics = train_step(state, batch)
+      step += 1
+      if step == 1:  # Leave compilation out of the throughput.
+        jax.block_until_ready(train_metrics)
+        timer, timed_examples = time.perf_counter(), 0
+      else:
+        timed_examples += config.batch_size
+      if step % config.log_every == 0 or i == steps_per_epoch - 1:
+        train_metrics = jax.device_get(train_metrics)
+        loss = float(train_metrics["loss"])
+        if not math.isfinite(loss):
+          raise FloatingPointError(f"non-finite training loss {loss} at step {step}; "
+                                   "lower --config.learning_rate or use "
+                                   "--config.dtype=float32")
+        elapsed = time.perf_counter() - timer
+        writer.write(step, {"train/loss": loss,
+                            "train/grad_norm": float(train_metrics["grad_norm"]),
+                            "lr": float(schedule(step - 1)),
+                            "examples_per_sec": timed_examples / max(elapsed, 1e-9)})
+        logging.info("step %d/%d | loss %.4f | lr %.2e", step, total_steps, loss,
+                     float(schedule(step - 1)))
+        timer, timed_examples = time.perf_counter(), 0
+
+    # ------------------------------------------------------- Evaluation --
+    evaluation = problem.evaluate({s.name: predict(s.input_ids)
+                                   for s in problem.eval_sets})
+    record = {"step": step, "epoch": epoch, **evaluation.metrics}
+    history.append(record)
+    if best is None or record[problem.main_metric] > best[problem.main_metric]:
+      best = record
+    writer.write(step, {f"eval/{k}": v for k, v in evaluation.metrics.items()})
+    logging.info("epoch %d/%d (step %d): %s", epoch, config.num_epochs, step,
+                 ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+    timer, timed_examples = time.perf_counter(), 0
+  writer.close()
+
+  # ---------------------------------------------------------------- Outputs --
+  results = {"task": config.task if config.mode == "glue" else f"squad_v{config.version}",
+             "step": step, "epoch": config.num_epochs, **evaluation.metrics,
+             "main_metric": problem.main_metric, "best": best, "history": history,
+             "init_from": os.path.abspath(config.init_from),
+             "learning_rate": config.learning_rate, "seed": config.seed,
+             "batch_size": config.batch_size, "num_epochs": config.num_epochs}
+  if is_main:
+    with open(os.path.join(workdir, RESULTS_FILE), "w") as f:
+      json.dump(results, f, indent=2)
+  test_predictions = problem.predict_test(predict)  # Every process runs the model.
+  if is_main:
+    problem.write_predictions(workdir, evaluation, test_predictions)
+    print(summary(workdir, results), flush=True)
+  return results
+
+
+def summary(workdir: str, results: dict) -> str:
+  main, best = results["main_metric"], results["best"]
+  return "\n".join([
+      "", "=" * 72, f"Done: {results['task']}",
+      f"  last (step {results['step']}): {main} {results[main]:.4f}",
+      f"  best (step {best['step']}, epoch {best['epoch']}): {main} {best[main]:.4f}",
+      f"  results: {os.path.abspath(workdir)}/{RESULTS_FILE}", "=" * 72])

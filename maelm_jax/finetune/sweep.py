@@ -1,0 +1,244 @@
+r"""Fine-tuning sweeps (tasks x learning rates x seeds) and the papers' report.
+
+  python -m maelm_jax.finetune.sweep --config=configs/glue.py \
+      --tasks=rte,mrpc,stsb,cola --learning_rates=1e-5,2e-5,3e-5 --seeds=1,2,3,4,5 \
+      --sweep_dir=/tmp/glue_sweep \
+      --config.init_from=/tmp/maelm_base --config.data.dir=/data/glue
+
+runs every combination one after another in this process, each in
+`<sweep_dir>/<task>/lr<lr>_seed<seed>/` (a run whose eval_results.json exists is
+skipped, so a stopped sweep resumes), then writes and prints the report:
+
+  report.json / report.md   per task and learning rate, the median over seeds of
+                            every metric; per task, the learning rate with the
+                            best median main metric; and the GLUE average.
+
+This is how the MAE-LM / COCO-LM papers report GLUE dev: the median of 5 seeds
+at the best learning rate, Matthews correlation for CoLA, Spearman for STS-B
+and accuracy for the rest (MNLI by its matched set; mismatched is reported
+beside it), averaged over the eight tasks other than WNLI. Each run's score is
+its best epoch (`--select=last` for the final one).
+
+Any `--config.x=...` override applies to every run; `data.dir` may be the GLUE
+root, since each run finds its task's directory below it. With
+`--config=configs/squad.py:version=2.0` and no `--tasks`, the grid is learning
+rates x seeds. `--report_only` rebuilds the report from the runs on disk.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import statistics
+from typing import Sequence
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from maelm_jax.finetune import glue_data
+
+# The GLUE average of the papers: every task but WNLI.
+GLUE_AVERAGE_TASKS = ("mnli", "qqp", "qnli", "sst2", "cola", "rte", "mrpc", "stsb")
+SELECTIONS = ("best", "last")
+
+
+def run_name(learning_rate: float, seed: int) -> str:
+  return f"lr{learning_rate:g}_seed{seed}"
+
+
+def load_config_module(path: str):
+  """The config module at `path` (a `--config` value; `:args` are ignored)."""
+  path = path.split(":", 1)[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} not found, e.g. configs/glue.py")
+  spec = importlib.util.spec_from_file_location("maelm_sweep_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def grid_configs(config_file: str, tasks: Sequence[str], overrides: dict,
+                 learning_rates: Sequence[float], seeds: Sequence[int]):
+  """(task name, learning rate, seed, config) for every grid point.
+
+  Each task's config comes from its own `get_config("task=<task>")`, so the
+  per-task defaults apply; `overrides` (flattened `a.b` keys) go on top. Empty
+  `learning_rates`: each task's default.
+  """
+  module = load_config_module(config_file)
+  arg = config_file.split(":", 1)[1] if ":" in config_file else None
+  bases = ([(t, module.get_config(f"task={t}")) for t in tasks] if tasks
+           else [(None, module.get_config(arg))])
+  if not seeds:
+    raise ValueError("--seeds needs at least one value, e.g. --seeds=1,2,3,4,5")
+  out = []
+  for task, base in bases:
+    base = base.copy_and_resolve_references()
+    base.unlock()
+    for key, value in overrides.items():
+      _set_path(base, key, value)
+    for learning_rate in learning_rates or [base.learning_rate]:
+      for seed in seeds:
+        config = base.copy_and_resolve_references()
+        config.learning_rate = float(learning_rate)
+        config.seed = int(seed)
+        config.lock()
+        name = task or (config.task if config.mode == "glue" else
+                        f"squad_v{config.version}")
+        out.append((name, float(learning_rate), int(seed), config))
+  return out
+
+
+def _set_path(config, dotted: str, value) -> None:
+  *parents, leaf = dotted.split(".")
+  for key in parents:
+    config = config[key]
+  config[leaf] = value
+
+
+def run_grid(points, sweep_dir: str) -> list[str]:
+  """Runs each grid point not run yet; returns the run directories."""
+  from maelm_jax.finetune import run  # pylint: disable=g-import-not-at-top
+  directories = []
+  for index, (task, learning_rate, seed, config) in enumerate(points, start=1):
+    directory = os.path.join(sweep_dir, task, run_name(learning_rate, seed))
+    directories.append(directory)
+    if os.path.isfile(os.path.join(directory, run.RESULTS_FILE)):
+      logging.info("[%d/%d] %s exists; skipped", index, len(points), directory)
+      continue
+    logging.info("[%d/%d] %s lr=%g seed=%d -> %s", index, len(points), task,
+                 learning_rate, seed, directory)
+    run.run(config, directory)
+  return directories
+
+
+# --------------------------------------------------------------------------
+# The report.
+
+
+def _metrics_of(results: dict, selection: str) -> dict[str, float]:
+  """The run's metrics at its best epoch or at the end."""
+  best = results["best"]
+  names = [k for k in best if k not in ("step", "epoch")]
+  source = best if selection == "best" else results
+  return {name: float(source[name]) for name in names}
+
+
+def build_report(sweep_dir: str, selection: str = "best") -> dict:
+  """Medians over seeds per task and learning rate, best learning rate per task,
+  and the GLUE average (see the module docstring)."""
+  if selection not in SELECTIONS:
+    raise ValueError(f"selection={selection!r}: use one of {SELECTIONS}")
+  runs: dict[str, dict[float, list[dict]]] = {}
+  main_metric = {}
+  paths = sorted(glob.glob(os.path.join(sweep_dir, "*", "*", "eval_results.json")))
+  if not paths:
+    raise FileNotFoundError(f"no */*/eval_results.json under {sweep_dir}; run the "
+                            "sweep first (without --report_only)")
+  for path in paths:
+    with open(path) as f:
+      results = json.load(f)
+    task = results["task"]
+    main_metric[task] = results["main_metric"]
+    runs.setdefault(task, {}).setdefault(float(results["learning_rate"]), []).append(
+        {"seed": results["seed"], **_metrics_of(results, selection)})
+
+  tasks = {}
+  for task, by_lr in sorted(runs.items()):
+    main = main_metric[task]
+    table = {}
+    for learning_rate, seed_runs in sorted(by_lr.items()):
+      names = [k for k in seed_runs[0] if k != "seed"]
+      table[f"{learning_rate:g}"] = {
+          "median": {n: statistics.median(r[n] for r in seed_runs) for n in names},
+          "seeds": sorted(r["seed"] for r in seed_runs),
+          main: sorted(r[main] for r in seed_runs)}
+    best_lr = max(table, key=lambda lr: table[lr]["median"][main])
+    tasks[task] = {"main_metric": main, "learning_rate": float(best_lr),
+                   "num_seeds": len(table[best_lr]["seeds"]),
+                   "median": table[best_lr]["median"], "by_learning_rate": table}
+
+  averaged = [t for t in GLUE_AVERAGE_TASKS if t in tasks]
+  report = {"selection": selection, "tasks": tasks, "glue_average_tasks": averaged}
+  if averaged:
+    report["glue_average"] = statistics.mean(
+        tasks[t]["median"][tasks[t]["main_metric"]] for t in averaged)
+  return report
+
+
+def format_report(report: dict) -> str:
+  """Markdown: one row per task at its best learning rate (GLUE values x100)."""
+  lines = [f"Median over seeds at the best learning rate ({report['selection']} "
+           "epoch of each run). GLUE metrics x100; SQuAD in percent.", "",
+           "| task | learning rate | seeds | main metric | metrics (median) |",
+           "|---|---|---|---|---|"]
+  for task, entry in report["tasks"].items():
+    scale = 100.0 if task in glue_data.TASKS else 1.0
+    median = entry["median"]
+    metrics = ", ".join(f"{k} {v * scale:.2f}" for k, v in median.items())
+    lines.append(f"| {task} | {entry['learning_rate']:g} | {entry['num_seeds']} | "
+                 f"{entry['main_metric']} {median[entry['main_metric']] * scale:.2f} | "
+                 f"{metrics} |")
+  if "glue_average" in report:
+    missing = [t for t in GLUE_AVERAGE_TASKS if t not in report["glue_average_tasks"]]
+    note = f" (missing: {', '.join(missing)})" if missing else ""
+    lines += ["", f"GLUE average over {len(report['glue_average_tasks'])} of "
+              f"{len(GLUE_AVERAGE_TASKS)} tasks{note}: "
+              f"{report['glue_average'] * 100:.2f}"]
+  return "\n".join(lines)
+
+
+def write_report(sweep_dir: str, selection: str = "best") -> dict:
+  report = build_report(sweep_dir, selection)
+  with open(os.path.join(sweep_dir, "report.json"), "w") as f:
+    json.dump(report, f, indent=2)
+  with open(os.path.join(sweep_dir, "report.md"), "w") as f:
+    f.write(format_report(report) + "\n")
+  return report
+
+
+# --------------------------------------------------------------------------
+# Command line.
+
+
+
+def _define_flags() -> None:
+  """Defined only when run as a program, so importing this module (tests, or
+  next to main.py's own --config) defines no flags."""
+  config_flags.DEFINE_config_file("config", None, "Fine-tuning config file, e.g. "
+                                  "configs/glue.py", lock_config=True)
+  flags.DEFINE_list("tasks", [], "GLUE tasks, e.g. rte,mrpc (empty: the config's own)")
+  flags.DEFINE_list("learning_rates", [], "Peak learning rates, e.g. 1e-5,2e-5,3e-5 "
+                    "(empty: each task's default)")
+  flags.DEFINE_list("seeds", ["1", "2", "3", "4", "5"], "Seeds of each setting")
+  flags.DEFINE_string("sweep_dir", None, "Where the runs and the report go")
+  flags.DEFINE_enum("select", "best", SELECTIONS,
+                    "Score runs by their best or last epoch")
+  flags.DEFINE_bool("report_only", False, "Only rebuild the report from finished runs")
+  flags.mark_flag_as_required("sweep_dir")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  FLAGS = flags.FLAGS
+  if not FLAGS.report_only:
+    if FLAGS.config is None:
+      raise app.UsageError("--config is required (e.g. --config=configs/glue.py) "
+                           "unless --report_only")
+    tasks = [glue_data.get_task(t).name for t in FLAGS.tasks]
+    learning_rates = [float(lr) for lr in FLAGS.learning_rates]
+    points = grid_configs(config_flags.get_config_filename(FLAGS["config"]), tasks,
+                          config_flags.get_override_values(FLAGS["config"]),
+                          learning_rates, [int(s) for s in FLAGS.seeds])
+    run_grid(points, FLAGS.sweep_dir)
+  report = write_report(FLAGS.sweep_dir, FLAGS.select)
+  print(format_report(report), flush=True)
+  print(f"\nreport: {os.path.join(os.path.abspath(FLAGS.sweep_dir), 'report.md')}")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

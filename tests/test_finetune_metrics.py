@@ -1,0 +1,89 @@
+"""The GLUE metrics against values computed by hand (comments show the arithmetic)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from maelm_jax.finetune import glue_data, metrics
+
+
+def test_accuracy():
+  assert metrics.accuracy([1, 0, 1, 1], [1, 1, 1, 0]) == 0.5
+  assert metrics.accuracy(np.array([2, 0, 1]), np.array([2, 0, 1])) == 1.0
+
+
+def test_f1_of_the_positive_class():
+  # tp = 2 (rows 0, 4), fp = 1 (row 1), fn = 1 (row 3): F1 = 2*2 / (2*2 + 1 + 1).
+  assert metrics.f1_score([1, 1, 0, 0, 1], [1, 0, 0, 1, 1]) == pytest.approx(2 / 3)
+  # No positive predicted: precision is undefined, F1 is 0 (sklearn's convention).
+  assert metrics.f1_score([0, 0, 0], [1, 0, 1]) == 0.0
+  # Class 0 as the positive class: tp=1 (row 0), fp=0, fn=1 (row 1).
+  assert metrics.f1_score([0, 1, 1], [0, 0, 1], positive=0) == pytest.approx(2 / 3)
+
+
+def test_matthews_binary_by_hand():
+  # tp=2, tn=1, fp=1, fn=1: (2*1 - 1*1) / sqrt((2+1)(2+1)(1+1)(1+1)) = 1/6.
+  predictions = [1, 1, 0, 0, 1]
+  labels = [1, 0, 0, 1, 1]
+  assert metrics.matthews_corrcoef(predictions, labels) == pytest.approx(1 / 6)
+  assert metrics.matthews_corrcoef(labels, labels) == pytest.approx(1.0)
+  assert metrics.matthews_corrcoef([1 - x for x in labels], labels) == pytest.approx(-1.0)
+  # A constant predictor (the collapsed CoLA model) has MCC 0, not NaN.
+  assert metrics.matthews_corrcoef([1, 1, 1, 1, 1], labels) == 0.0
+
+
+def test_matthews_multiclass_by_hand():
+  # Confusion (rows true, cols predicted): [[2,0,0],[1,0,1],[0,1,1]].
+  # t = (2,2,2), p = (3,1,2), correct 3, n 6:
+  # (3*6 - (6+2+4)) / sqrt((36 - (9+1+4)) * (36 - 12)) = 6 / sqrt(22 * 24).
+  value = metrics.matthews_corrcoef([0, 2, 1, 0, 0, 2], [0, 1, 2, 0, 1, 2])
+  assert value == pytest.approx(6 / math.sqrt(22 * 24))
+
+
+def test_pearson_by_hand():
+  # dx = (-1.5,-.5,.5,1.5), dy = (-3,-1,0,4): 11 / sqrt(5 * 26).
+  assert metrics.pearson_corrcoef([1, 2, 3, 4], [2, 4, 5, 9]) == pytest.approx(
+      11 / math.sqrt(130))
+  assert metrics.pearson_corrcoef([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+  assert metrics.pearson_corrcoef([2, 2, 2], [1, 2, 3]) == 0.0  # Undefined -> 0.
+
+
+def test_ranks_average_ties():
+  np.testing.assert_array_equal(metrics.rankdata([10, 20, 10, 30, 20, 20]),
+                                [1.5, 4, 1.5, 6, 4, 4])
+
+
+def test_spearman_by_hand():
+  # Ranks (1, 2.5, 2.5, 4) and (1, 3, 2, 4): 4.5 / sqrt(4.5 * 5).
+  assert metrics.spearman_corrcoef([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(
+      4.5 / math.sqrt(22.5))
+  # Any increasing relation is a perfect rank correlation, unlike Pearson's.
+  x = np.array([0.5, 1.0, 2.0, 3.0, 4.0])
+  assert metrics.spearman_corrcoef(x, x**3) == pytest.approx(1.0)
+  assert metrics.pearson_corrcoef(x, x**3) < 0.99
+
+
+def test_mismatched_shapes_are_rejected():
+  with pytest.raises(ValueError, match="same length"):
+    metrics.accuracy([1, 0], [1, 0, 1])
+
+
+@pytest.mark.parametrize("name,expected_keys", [
+    ("cola", ["matthews_corr"]), ("sst2", ["accuracy"]), ("mrpc", ["accuracy", "f1"]),
+    ("qqp", ["accuracy", "f1"]), ("stsb", ["pearson", "spearman"]),
+    ("mnli", ["accuracy"]), ("qnli", ["accuracy"]), ("rte", ["accuracy"]),
+    ("wnli", ["accuracy"]),
+])
+def test_each_task_reports_its_official_metrics(name, expected_keys):
+  task = glue_data.get_task(name)
+  predictions = np.array([1.0, 0.0, 1.0, 1.0])
+  labels = np.array([1.0, 1.0, 1.0, 0.0])
+  values = metrics.compute(task.metrics, predictions, labels)
+  assert list(values) == expected_keys
+  # The main metric is one of them, prefixed by the dev set for MNLI.
+  assert task.main_metric.split("/")[-1] in expected_keys
+  if "accuracy" in values:
+    assert values["accuracy"] == 0.5
+  if "f1" in values:  # tp=2, fp=1, fn=1.
+    assert values["f1"] == pytest.approx(2 / 3)
