@@ -345,14 +345,29 @@ def _pydoc_documents() -> tuple[_PackedTexts, str]:
 def _register_tfds_builder(name: str) -> None:
   """Imports `tensorflow_datasets.text.<name>` so the builder is registered.
 
-  TFDS registers some text builders (c4, wikipedia) only when their module is
-  imported; other datasets need no import, so a missing module is fine.
+  TFDS registers some text builders (c4, wikipedia, glue) only when their module
+  is imported; other datasets need no import, so a missing module is fine.
   """
   base = name.split("/", 1)[0].split(":", 1)[0]
   try:
     importlib.import_module(f"tensorflow_datasets.text.{base}")
   except ImportError:
     pass
+
+
+def open_tfds_split(name: str, split: str, data_dir: str | None) -> Any:
+  """A random-access `tfds.data_source` (ArrayRecord) of one split; its records
+  are dicts of numpy values. Used by the fine-tuning readers (glue, squad)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  _register_tfds_builder(name)
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except Exception as e:  # tfds reports a missing dataset in many ways.
+    raise FileNotFoundError(
+        f"could not open tfds {name!r} split {split!r} (data_dir={data_dir!r}): {e}. "
+        f"Prepare it once with `tfds build {name} --file_format=array_record "
+        "--data_dir=DIR` and pass --config.data.tfds_data_dir=DIR") from e
 
 
 def _tfds_source(name: str, split: str, eval_fraction: float, text_field: str,

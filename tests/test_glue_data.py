@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from maelm_jax import sources
 from maelm_jax.finetune import glue_data
 
 BOM = "\ufeff"
@@ -318,7 +319,7 @@ def test_tfds_records_map_to_the_same_examples(monkeypatch):
     opened.append((name, split, data_dir))
     return records[(name, split)]
 
-  monkeypatch.setattr(glue_data, "_open_tfds", fake_open)
+  monkeypatch.setattr(sources, "open_tfds_split", fake_open)
   mnli = glue_data.GlueData(glue_data.get_task("mnli"), "tfds", tfds_data_dir="/tfds")
   mismatched = mnli.task.eval_splits[1]
   assert as_pairs(mnli.dev(mismatched)) == EXPECTED["mnli"]["mnli_mm"]
@@ -328,6 +329,23 @@ def test_tfds_records_map_to_the_same_examples(monkeypatch):
   assert as_pairs(stsb.train()) == EXPECTED["stsb"]["train"]
   assert opened == [("glue/mnli", "validation_mismatched", "/tfds"),
                     ("glue/mnli", "test_matched", "/tfds"), ("glue/stsb", "train", None)]
+
+
+def test_real_tfds_glue_builder_under_mock_data():
+  """The real glue builder through tfds.data_source: it is registered only once
+  tensorflow_datasets.text.glue is imported, which sources.open_tfds_split does."""
+  import tensorflow_datasets as tfds
+  with tfds.testing.mock_data(num_examples=7):
+    for name in ("sst2", "qnli", "stsb"):
+      task = glue_data.get_task(name)
+      examples = glue_data.GlueData(task, "tfds").train()
+      assert len(examples) == 7
+      assert all(len(e.texts) == len(task.tfds_text_features) for e in examples)
+      assert all(isinstance(t, str) for e in examples for t in e.texts)
+      if task.is_regression:
+        assert all(isinstance(e.label, float) for e in examples)
+      else:
+        assert all(e.label in range(len(task.labels)) for e in examples)
 
 
 def bert_truncate_seq_pair(len_a, len_b, budget):

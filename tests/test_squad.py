@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import sources, tokenizer as tokenizer_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 
 # --------------------------------------------------------------------------
@@ -130,11 +130,22 @@ def test_reads_tfds_records(monkeypatch):
     calls.append((name, split, data_dir))
     return [answered, record]
 
-  monkeypatch.setattr(squad_data, "_open_tfds", fake_open)
+  monkeypatch.setattr(sources, "open_tfds_split", fake_open)
   examples = squad_data.read_squad_tfds("2.0", "validation", data_dir="/tfds")
   assert calls == [("squad/v2.0", "validation", "/tfds")]
   assert [(e.qid, e.answers, e.answer_starts, e.is_impossible) for e in examples] == [
       ("a1", ("France",), (20,), False), ("a2", (), (), True)]
+
+
+def test_real_tfds_squad_builder_under_mock_data():
+  import tensorflow_datasets as tfds
+  with tfds.testing.mock_data(num_examples=5):
+    examples = squad_data.read_squad_tfds("1.1", "validation")
+  assert len(examples) == 5
+  assert all(isinstance(e.qid, str) and isinstance(e.context, str) for e in examples)
+  # (mock_data draws the answers' text and answer_start lists independently.)
+  assert all(isinstance(a, str) for e in examples for a in e.answers)
+  assert all(isinstance(s, int) for e in examples for s in e.answer_starts)
 
 
 # --------------------------------------------------------------------------

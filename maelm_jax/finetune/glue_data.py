@@ -30,6 +30,8 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
+from maelm_jax import sources
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalSplit:
@@ -242,18 +244,6 @@ def resolve_task_dir(task: GlueTask, data_dir: str) -> str:
 # tfds.
 
 
-def _open_tfds(name: str, split: str, data_dir: str | None) -> Sequence[dict[str, Any]]:
-  """A random-access tfds source (ArrayRecord); records are dicts of numpy."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except Exception as e:  # tfds reports a missing dataset in many ways.
-    raise FileNotFoundError(
-        f"could not open tfds {name!r} split {split!r} (data_dir={data_dir!r}): {e}. "
-        f"Prepare it once with `tfds build {name} --file_format=array_record "
-        f"--data_dir=DIR` and pass --config.data.tfds_data_dir=DIR") from e
-
-
 def _text(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -261,7 +251,7 @@ def _text(value: Any) -> str:
 def read_tfds(task: GlueTask, split: str, *,
               data_dir: str | None = None) -> list[GlueExample]:
   """Examples of tfds `glue/<task>` split `split` (test labels are -1 -> None)."""
-  records = _open_tfds(f"glue/{task.name}", split, data_dir)
+  records = sources.open_tfds_split(f"glue/{task.name}", split, data_dir)
   examples = []
   for i in range(len(records)):
     record = records[i]

@@ -40,6 +40,8 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
+from maelm_jax import sources
+
 
 @dataclasses.dataclass(frozen=True)
 class SquadExample:
@@ -82,21 +84,10 @@ def _text(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _open_tfds(name: str, split: str, data_dir: str | None) -> Sequence[dict[str, Any]]:
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except Exception as e:  # tfds reports a missing dataset in many ways.
-    raise FileNotFoundError(
-        f"could not open tfds {name!r} split {split!r} (data_dir={data_dir!r}): {e}. "
-        f"Prepare it once with `tfds build {name} --file_format=array_record "
-        "--data_dir=DIR` and pass --config.data.tfds_data_dir=DIR") from e
-
-
 def read_squad_tfds(version: str, split: str, *,
                     data_dir: str | None = None) -> list[SquadExample]:
   """tfds `squad/v<version>` split "train" or "validation"."""
-  records = _open_tfds(f"squad/v{version}", split, data_dir)
+  records = sources.open_tfds_split(f"squad/v{version}", split, data_dir)
   examples = []
   for i in range(len(records)):
     r = records[i]
