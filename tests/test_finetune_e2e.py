@@ -87,6 +87,11 @@ def glue_test_config(task, pretrained, data_dir, **overrides):
   config.init_from = str(pretrained)
   config.data.dir = str(data_dir)
   config.max_seq_len = 24
+  return small_and_fast(config, overrides)
+
+
+def small_and_fast(config, overrides):
+  """One fp32 epoch of batch 16 without dropout, then `overrides` (dotted keys)."""
   config.batch_size = 16
   config.eval_batch_size = 16
   config.num_epochs = 1
@@ -246,16 +251,7 @@ def squad_test_config(pretrained, train_file, eval_file, **overrides):
   config.max_seq_len = 32  # Contexts are ~35 tokens: several windows each.
   config.doc_stride = 8
   config.max_query_len = 8
-  config.batch_size = 16
-  config.eval_batch_size = 16
-  config.num_epochs = 1
-  config.learning_rate = 1e-3
-  config.dropout = 0.0
-  config.attention_dropout = 0.0
-  config.dtype = "float32"
-  for key, value in overrides.items():
-    sweep._set_path(config, key, value)  # pylint: disable=protected-access
-  return config
+  return small_and_fast(config, overrides)
 
 
 def test_squad_v2_end_to_end_writes_official_outputs(tmp_path, pretrained):
