@@ -1,0 +1,467 @@
+r"""Train-step throughput (tokens/s) of MLM, MAE-LM and 3ML at several sizes and lengths.
+
+Measures the real compiled train step (`train_lib.jit_steps`: masking, forward,
+backward, AdamW update, state donated) on random token ids, and writes a markdown
+table into `benchmarks/RESULTS.md` between `<!-- throughput:start -->` and
+`<!-- throughput:end -->` (the rest of the file is kept).
+
+  python benchmarks/train_throughput.py                      # the defaults below
+  python benchmarks/train_throughput.py --dtype float32,bfloat16
+  python benchmarks/train_throughput.py --dry_run            # smoke test, ~30 s
+
+Method:
+  * vocabulary 8192 (as the HF/PyTorch peers in /work/shared/DESIGN-NOTES.md);
+    batch = tokens_per_batch // seq_len sequences of `[CLS] w.. [SEP]`, w >= 5;
+    everything else is the real pretraining config (configs/pretrain.py), dropout
+    and relative position bias included.
+  * per (dtype, size, seq_len): every objective is compiled and run once (warm-up,
+    not timed); then `repeats` rounds, each timing a window of `steps` steps of
+    every objective in turn (round-robin, starting objective rotated per round),
+    so load from other processes hits all objectives alike. A window ends with
+    `jax.block_until_ready` on the state and metrics.
+  * reported: the median over windows of tokens/s and of the step time, the spread
+    (max-min)/median of tokens/s, the model FLOPs of a step
+    (`flops.train_flops_per_step`, matmuls only, 3x forward), the achieved GFLOP/s,
+    and the speed-up vs mlm at the same size/length, next to the speed-up the
+    FLOP model predicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import pathlib
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "configs"))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import pretrain  # noqa: E402  (configs/pretrain.py)
+from maelm_jax import config_lib, flops, sharding, train_lib  # noqa: E402
+from maelm_jax.model import SIZES, ModelConfig  # noqa: E402
+from maelm_jax.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, SEP_ID  # noqa: E402
+
+VOCAB_SIZE = 8192
+START, END = "<!-- throughput:start -->", "<!-- throughput:end -->"
+DEFAULT_OUT = "benchmarks/RESULTS.md"
+
+# Benchmark name -> (config objective, extra model overrides).
+OBJECTIVES = {
+    "mlm": ("mlm", {}),
+    "maelm": ("maelm", {}),
+    "3ml": ("3ml", {}),
+    "3ml-cross": ("3ml", {"decoder_type": "cross"}),
+}
+
+
+def _csv(kind):
+  def parse(text):
+    return [kind(x) for x in text.split(",") if x.strip()]
+  return parse
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--sizes", type=_csv(str), default=["tiny", "small"],
+                 help="comma-separated sizes from model.SIZES (default tiny,small)")
+  p.add_argument("--seq_lens", type=_csv(int), default=[128, 512],
+                 help="comma-separated sequence lengths (default 128,512)")
+  p.add_argument("--objectives", type=_csv(str),
+                 default=["mlm", "maelm", "3ml", "3ml-cross"],
+                 help=f"comma-separated, from {list(OBJECTIVES)}")
+  p.add_argument("--tokens_per_batch", type=int, default=4096,
+                 help="batch = tokens_per_batch // seq_len sequences (default 4096)")
+  p.add_argument("--dtype", type=_csv(str), default=["float32"],
+                 help="float32 or bfloat16 matmuls; a comma list gives one table "
+                      "each (default float32, the peers' setting)")
+  p.add_argument("--steps", type=int, default=10, help="steps per timed window")
+  p.add_argument("--repeats", type=int, default=3,
+                 help="timed windows per objective (round-robin)")
+  p.add_argument("--mesh", default="1,1,1",
+                 help="('data','fsdp','tensor') sizes, one -1 allowed; default "
+                      "1,1,1 = one device. -1,1,1 uses every device.")
+  p.add_argument("--peak_flops", type=float, default=0.0,
+                 help="peak FLOP/s per device for MFU; 0 = flops.peak_flops()")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--compile_threads", type=int, default=os.cpu_count() or 1,
+                 help="compile the objectives of a cell in parallel (not timed)")
+  p.add_argument("--note", default="",
+                 help="free text written under the machine description")
+  p.add_argument("--out", default=None,
+                 help=f"markdown file to update (default {DEFAULT_OUT}; a "
+                      "--dry_run writes nothing unless --out is given)")
+  p.add_argument("--json", default="", help="also dump raw timings to this file")
+  p.add_argument("--dry_run", action="store_true",
+                 help="smoke test: first size and length only, steps=2, repeats=1")
+  args = p.parse_args(argv)
+  if args.dry_run:
+    args.sizes, args.seq_lens = args.sizes[:1], args.seq_lens[:1]
+    args.steps, args.repeats = 2, 1
+  for name in args.objectives:
+    if name not in OBJECTIVES:
+      p.error(f"unknown objective {name!r}; choose from {list(OBJECTIVES)}")
+  for size in args.sizes:
+    if size not in SIZES:
+      p.error(f"unknown size {size!r}; choose from {list(SIZES)}")
+  for dtype in args.dtype:
+    if dtype not in ("float32", "bfloat16"):
+      p.error(f"--dtype {dtype!r}: use float32 or bfloat16")
+  for seq_len in args.seq_lens:
+    if not 8 <= seq_len <= args.tokens_per_batch:
+      p.error(f"seq_len {seq_len} must be in [8, tokens_per_batch]")
+  if args.steps < 1 or args.repeats < 1:
+    p.error("--steps and --repeats must be >= 1")
+  args.mesh = tuple(int(x) for x in args.mesh.split(","))
+  return args
+
+
+# ------------------------------------------------------------------ Setup --
+
+def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str):
+  """The real pretraining config with the benchmark's overrides, resolved."""
+  base_objective, model_overrides = OBJECTIVES[objective]
+  config = pretrain.get_config(f"objective={base_objective},size={size}")
+  config.unlock()
+  config.seq_len = seq_len
+  config.batch_size = batch
+  config.tokenizer.vocab_size = VOCAB_SIZE
+  config.model.dtype = dtype
+  config.model.max_positions = max(config.model.max_positions, seq_len)
+  for key, value in model_overrides.items():
+    config.model[key] = value
+  config = config_lib.resolve(config)
+  config_lib.validate(config)
+  return config
+
+
+def random_batch(batch: int, seq_len: int, seed: int):
+  """Full rows `[CLS] w_1 .. w_{L-2} [SEP]` with w uniform in [5, 8192)."""
+  rng = np.random.RandomState(seed)
+  ids = rng.randint(NUM_SPECIAL, VOCAB_SIZE, (batch, seq_len)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
+  return ids
+
+
+class Runner:
+  """One compiled train step and its state, for one benchmark cell."""
+
+  def __init__(self, objective, size, seq_len, batch, dtype, mesh, ids, seed):
+    self.objective = objective
+    config = build_config(objective, size, seq_len, batch, dtype)
+    self.model_cfg = ModelConfig.from_config(config.model, VOCAB_SIZE, MASK_ID)
+    tx = train_lib.make_optimizer(config)
+    self.state, shardings = train_lib.create_sharded_state(
+        self.model_cfg, seq_len, tx, mesh, seed)
+    train_step, _ = train_lib.jit_steps(self.model_cfg, seq_len, tx, mesh, shardings,
+                                        config.grad_accum_steps)
+    self.batch = {"input_ids": jax.device_put(ids, sharding.batch_sharding(mesh))}
+    self.lowered = train_step.lower(self.state, self.batch)
+    self.counts = self.model_cfg.mask_counts(seq_len)
+    self.model_flops = flops.train_flops_per_step(self.model_cfg, seq_len, batch)
+    parts = flops.forward_flops_per_sequence(self.model_cfg, seq_len)
+    self.flop_shares = {k: v / sum(parts.values()) for k, v in parts.items()}
+    self.num_params = sum(x.size for x in jax.tree.leaves(self.state.params))
+    self.tokens_per_step = batch * seq_len
+    self.windows = []  # seconds per window
+
+  def compile(self):
+    """Ahead-of-time compile of the jitted step: the same program as calling it,
+    and the XLA cost analysis comes for free. Thread-safe (XLA releases the GIL)."""
+    t0 = time.perf_counter()
+    self.step = self.lowered.compile()
+    self.compile_s = time.perf_counter() - t0
+    cost = self.step.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    self.xla_flops = float((cost or {}).get("flops", 0.0))
+    return self
+
+  def warm_up(self):
+    """First execution (allocation, thread pools), not timed."""
+    t0 = time.perf_counter()
+    self.run(1)
+    self.warmup_s = time.perf_counter() - t0
+
+  def run(self, steps: int) -> float:
+    t0 = time.perf_counter()
+    metrics = None
+    for _ in range(steps):
+      self.state, metrics = self.step(self.state, self.batch)
+    jax.block_until_ready((self.state, metrics))
+    elapsed = time.perf_counter() - t0
+    loss = float(metrics["loss"])
+    if not np.isfinite(loss):
+      raise FloatingPointError(f"{self.objective}: non-finite loss {loss}")
+    return elapsed
+
+
+# ------------------------------------------------------------ Measurement --
+
+class CpuMeter:
+  """CPU time used by other processes over an interval, in cores (Linux only).
+
+  /proc/stat's busy time of the whole machine minus this process's own
+  user+system time: how much the machine was shared while we timed.
+  """
+
+  def __init__(self):
+    self.start = self._sample()
+
+  @staticmethod
+  def _sample():
+    try:
+      with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+      hz = os.sysconf("SC_CLK_TCK")
+      busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system irq softirq steal
+    except (OSError, ValueError, IndexError):
+      return None
+    t = os.times()
+    return time.perf_counter(), busy / hz, t.user + t.system
+
+  def others_cores(self) -> float | None:
+    end = self._sample()
+    if self.start is None or end is None or end[0] <= self.start[0]:
+      return None
+    elapsed = end[0] - self.start[0]
+    others = (end[1] - self.start[1]) - (end[2] - self.start[2])
+    return max(others, 0.0) / elapsed
+
+
+def measure_cell(args, dtype, size, seq_len, mesh):
+  """All objectives of one (dtype, size, seq_len), timed round-robin."""
+  batch = args.tokens_per_batch // seq_len
+  dp = sharding.data_parallel_size(mesh)
+  if batch % dp:
+    raise ValueError(f"batch {batch} (= {args.tokens_per_batch} // {seq_len}) is not "
+                     f"divisible by the data-parallel size {dp}")
+  ids = random_batch(batch, seq_len, args.seed)
+  runners = [Runner(objective, size, seq_len, batch, dtype, mesh, ids, args.seed)
+             for objective in args.objectives]
+  # Compiling is not measured; overlap it over the cores to save wall time.
+  t0 = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(args.compile_threads) as pool:
+    list(pool.map(Runner.compile, runners))
+  print(f"  [{dtype} {size} L={seq_len}] compiled {len(runners)} steps in "
+        f"{time.perf_counter() - t0:.1f}s wall", flush=True)
+  for r in runners:
+    r.warm_up()
+    print(f"  [{dtype} {size} L={seq_len}] {r.objective:9s} compiled in "
+          f"{r.compile_s:5.1f}s, warm-up step {r.warmup_s:5.2f}s, "
+          f"{r.num_params / 1e6:.2f}M params", flush=True)
+  meter = CpuMeter()
+  for rep in range(args.repeats):
+    order = runners[rep % len(runners):] + runners[:rep % len(runners)]
+    for r in order:
+      r.windows.append(r.run(args.steps))
+    print(f"  [{dtype} {size} L={seq_len}] round {rep + 1}/{args.repeats}: " +
+          ", ".join(f"{r.objective} {r.tokens_per_step * args.steps / r.windows[-1]:,.0f}"
+                    for r in runners) + " tokens/s", flush=True)
+
+  others = meter.others_cores()
+  rows = []
+  for r in runners:
+    tps = [r.tokens_per_step * args.steps / w for w in r.windows]
+    step_s = [w / args.steps for w in r.windows]
+    rows.append(dict(
+        dtype=dtype, size=size, seq_len=seq_len, objective=r.objective, batch=batch,
+        encoder_len=r.counts.encoder_len, num_selected=r.counts.num_selected,
+        params=r.num_params, tokens_per_s=statistics.median(tps),
+        tokens_per_s_all=tps, spread=(max(tps) - min(tps)) / statistics.median(tps),
+        step_s=statistics.median(step_s), model_flops=r.model_flops,
+        xla_flops=r.xla_flops, flop_shares=r.flop_shares, compile_s=r.compile_s,
+        others_cores=others))
+  mlm = next((row for row in rows if row["objective"] == "mlm"), None)
+  for row in rows:
+    row["gflops_per_s"] = row["model_flops"] / row["step_s"] / 1e9
+    if mlm:
+      row["speedup"] = row["tokens_per_s"] / mlm["tokens_per_s"]
+      row["flop_speedup"] = mlm["model_flops"] / row["model_flops"]
+  del runners
+  return rows
+
+
+# ---------------------------------------------------------------- Reports --
+
+def machine_info(mesh) -> dict:
+  cpu = "unknown"
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          cpu = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    cpu = platform.processor() or "unknown"
+  dev = jax.devices()[0]
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:
+    cores = os.cpu_count()
+  return dict(cpu=cpu, cores=cores, jax=jax.__version__,
+              jaxlib=getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+              python=platform.python_version(),
+              device=f"{dev.platform}: {dev.device_kind}",
+              devices=f"{mesh.devices.size} of {jax.device_count()}",
+              mesh=dict(mesh.shape), xla_flags=os.environ.get("XLA_FLAGS", ""))
+
+
+def _jaxlib_version():
+  try:
+    import jaxlib
+    return jaxlib.__version__
+  except Exception:  # pragma: no cover
+    return "unknown"
+
+
+def format_table(rows, peak) -> str:
+  head = ("| size | seq | objective | batch | enc len | K | tokens/s (median) | spread "
+          "| step ms | model GFLOP/step | GFLOP/s | MFU | speed-up vs mlm "
+          "| FLOP-predicted | FLOPs enc/dec/head | XLA GFLOP/step |")
+  sep = "|" + "|".join(["---"] * 3 + ["--:"] * 11 + ["---", "--:"]) + "|"
+  lines = [head, sep]
+  for r in rows:
+    speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+    pred = f"{r['flop_speedup']:.2f}x" if "flop_speedup" in r else "-"
+    mfu = f"{r['gflops_per_s'] * 1e9 / peak:.1%}" if peak else "-"
+    shares = "/".join(f"{r['flop_shares'].get(k, 0.0):.0%}"
+                      for k in ("encoder", "decoder", "head"))
+    lines.append(
+        f"| {r['size']} | {r['seq_len']} | {r['objective']} | {r['batch']} "
+        f"| {r['encoder_len']} | {r['num_selected']} | {r['tokens_per_s']:,.0f} "
+        f"| {r['spread']:.0%} | {r['step_s'] * 1e3:,.0f} "
+        f"| {r['model_flops'] / 1e9:,.1f} | {r['gflops_per_s']:,.1f} | {mfu} "
+        f"| {speed} | {pred} | {shares} | {r['xla_flops'] / 1e9:,.1f} |")
+  return "\n".join(lines)
+
+
+def command_line() -> str:
+  script = os.path.relpath(os.path.abspath(sys.argv[0]), os.getcwd())
+  return " ".join(["python", shlex.quote(script)] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def format_section(args, info, tables, started, total_s, load_before, load_after,
+                   peak) -> str:
+  settings = (f"steps={args.steps} per window, repeats={args.repeats}, "
+              f"tokens_per_batch={args.tokens_per_batch}, vocab={VOCAB_SIZE}, "
+              f"mesh={info['mesh']}, seed={args.seed}")
+  out = [
+      START,
+      "## Train-step throughput",
+      "",
+      f"- Date: {started.strftime('%Y-%m-%d %H:%M %Z').strip()} "
+      f"(total run time {total_s / 60:.1f} min)",
+      f"- Machine: {info['cpu']}, {info['cores']} cores; {info['device']} "
+      f"({info['devices']} devices used); jax {info['jax']}, jaxlib {info['jaxlib']}, "
+      f"Python {info['python']}" +
+      (f"; XLA_FLAGS=`{info['xla_flags']}`" if info["xla_flags"] else ""),
+      f"- Load average (1/5/15 min) before: {load_before}; after: {load_after}",
+  ]
+  if args.note:
+    out.append(f"- Note: {args.note}")
+  out += [
+      f"- Command (from the repository root): `{command_line()}`",
+      f"- Settings: {settings}",
+      "",
+      "Train step = `train_lib.jit_steps` (masking, forward, backward, clip, AdamW), "
+      "dropout 0.1 as in `configs/pretrain.py`, random `[CLS] w.. [SEP]` rows. "
+      "tokens/s counts all batch x seq tokens (not only the encoder's). "
+      "enc len: tokens the encoder runs on per sequence; K: positions the head "
+      "predicts. spread: (max-min)/median of tokens/s over the timed windows. "
+      "Model GFLOP/step: `flops.train_flops_per_step` (matmuls, 3x forward). "
+      f"MFU is against {peak / 1e9:,.0f} GFLOP/s (`flops.peak_flops`; on CPU a bf16 "
+      "host peak, so a rough indicator only). FLOP-predicted: mlm's model FLOPs / "
+      "this row's, the speed-up if time were proportional to matmul FLOPs. "
+      "FLOPs enc/dec/head: how the model FLOPs split. XLA GFLOP/step: the compiled "
+      "step's `cost_analysis()` (every op the backend counts, optimizer included).",
+  ]
+  for dtype, rows in tables:
+    out += ["", f"### {dtype}", "", format_table(rows, peak)]
+    loads = [(f"{r['size']}/{r['seq_len']}", r["others_cores"]) for r in rows
+             if r["objective"] == rows[0]["objective"] and r["others_cores"] is not None]
+    if loads:
+      out += ["", "CPU used by other processes while this table was timed "
+              f"(cores of {info['cores']}): " +
+              ", ".join(f"{cell} {cores:.2f}" for cell, cores in loads) + "."]
+  out.append(END)
+  return "\n".join(out) + "\n"
+
+
+def write_section(path: pathlib.Path, section: str) -> None:
+  text = path.read_text() if path.exists() else ""
+  if START in text and END in text and text.index(START) < text.index(END):
+    before = text[:text.index(START)]
+    after = text[text.index(END) + len(END):].lstrip("\n")
+    text = before + section + ("\n" + after if after else "")
+  else:
+    if not text:
+      text = "# Benchmark results\n\nSee `benchmarks/README.md` for what each " \
+             "benchmark measures.\n"
+    text = text.rstrip("\n") + "\n\n" + section
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+
+def _loadavg() -> str:
+  try:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+  except OSError:
+    return "n/a"
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  started = datetime.datetime.now(datetime.timezone.utc)
+  t_start = time.perf_counter()
+  load_before = _loadavg()
+  devices = jax.devices()
+  mesh = sharding.make_mesh(args.mesh, devices[:1] if args.mesh == (1, 1, 1)
+                            else devices)
+  info = machine_info(mesh)
+  peak = flops.peak_flops(list(mesh.devices.flat), override=args.peak_flops or None)
+  print(f"{info['cpu']} ({info['cores']} cores), {info['device']}, jax {info['jax']}; "
+        f"mesh {info['mesh']}", flush=True)
+
+  tables = []
+  for dtype in args.dtype:
+    rows = []
+    for size in args.sizes:
+      for seq_len in args.seq_lens:
+        rows += measure_cell(args, dtype, size, seq_len, mesh)
+    tables.append((dtype, rows))
+  total_s = time.perf_counter() - t_start
+
+  section = format_section(args, info, tables, started, total_s, load_before,
+                           _loadavg(), peak)
+  print()
+  print(section)
+  out = args.out or (None if args.dry_run else DEFAULT_OUT)
+  if out:
+    path = pathlib.Path(out)
+    if not path.is_absolute():
+      path = REPO / path
+    write_section(path, section)
+    print(f"wrote {path}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"machine": info, "command": command_line(), "date": started.isoformat(),
+                 "total_s": total_s, "tables": dict(tables)}, f, indent=2)
+  print(f"total {total_s / 60:.1f} min")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
