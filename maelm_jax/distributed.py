@@ -280,11 +280,7 @@ def detect(env: Mapping[str, str]) -> Plan:
 
 def _already_initialized() -> bool:
   import jax  # pylint: disable=g-import-not-at-top
-  is_initialized = getattr(jax.distributed, "is_initialized", None)
-  if is_initialized is not None:
-    return bool(is_initialized())
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-  return getattr(jax_distributed.global_state, "client", None) is not None
+  return jax.distributed.is_initialized()
 
 
 def maybe_initialize(env: Mapping[str, str] | None = None) -> Plan:

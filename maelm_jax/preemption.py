@@ -12,18 +12,14 @@ from __future__ import annotations
 import signal
 
 from absl import logging
-from jax._src import distributed as jax_distributed
-
-
-def _coordination_service_running() -> bool:
-  return getattr(jax_distributed.global_state, "client", None) is not None
+import jax
 
 
 class PreemptionWatcher:
 
   def __init__(self, manager):
     self._manager = manager
-    self._use_jax = _coordination_service_running()
+    self._use_jax = jax.distributed.is_initialized()
     self._signalled = False
     self._previous = None
     if not self._use_jax:

@@ -85,6 +85,14 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def global_batch(mesh: Mesh, local_batch: dict) -> dict:
+  """This process's rows (a dict of numpy arrays) -> global arrays sharded by
+  `batch_sharding`; every process passes its own contiguous block of rows."""
+  rows = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(rows, v)
+          for k, v in local_batch.items()}
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

@@ -430,12 +430,12 @@ def make_steps(problem, model_cfg, tx, mesh, state_shardings):
   return train_step, predict_step
 
 
-def _to_global(mesh, rows: np.ndarray) -> jax.Array:
-  """Every process holds the whole batch; each contributes its own rows."""
+def _process_share(rows: np.ndarray) -> np.ndarray:
+  """Every process holds the whole data set; this is its contiguous block of a
+  global batch's rows (or row indices), the part it contributes."""
   local = len(rows) // jax.process_count()
   start = jax.process_index() * local
-  return jax.make_array_from_process_local_data(
-      sharding.batch_sharding(mesh), rows[start:start + local], rows.shape)
+  return rows[start:start + local]
 
 
 def predict_all(predict_step, params, input_ids: np.ndarray, batch_size: int, mesh):
@@ -444,7 +444,8 @@ def predict_all(predict_step, params, input_ids: np.ndarray, batch_size: int, me
   padded = max(1, math.ceil(num_rows / batch_size)) * batch_size
   input_ids = np.concatenate(
       [input_ids, np.zeros((padded - num_rows,) + input_ids.shape[1:], np.int32)])
-  outputs = [predict_step(params, _to_global(mesh, input_ids[i:i + batch_size]))
+  outputs = [predict_step(params, sharding.global_batch(
+      mesh, {"ids": _process_share(input_ids[i:i + batch_size])})["ids"])
              for i in range(0, padded, batch_size)]
   outputs = jax.device_get(outputs)
   return jax.tree.map(lambda *chunks: np.concatenate(chunks)[:num_rows], *outputs)
@@ -527,8 +528,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     order = np.random.default_rng([config.seed, epoch]).permutation(num_train)
     for i in range(steps_per_epoch):
       rows = order[i * config.batch_size:(i + 1) * config.batch_size]
-      batch = {key: _to_global(mesh, value[rows])
-               for key, value in problem.train.items()}
+      mine = _process_share(rows)  # Index only this process's rows.
+      batch = sharding.global_batch(
+          mesh, {key: value[mine] for key, value in problem.train.items()})
       state, train_metrics = train_step(state, batch)
       step += 1
       if step == 1:  # Leave compilation out of the throughput.
@@ -544,12 +546,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    "lower --config.learning_rate or use "
                                    "--config.dtype=float32")
         elapsed = time.perf_counter() - timer
-        writer.write(step, {"train/loss": loss,
-                            "train/grad_norm": float(train_metrics["grad_norm"]),
-                            "lr": float(schedule(step - 1)),
-                            "examples_per_sec": timed_examples / max(elapsed, 1e-9)})
-        logging.info("step %d/%d | loss %.4f | lr %.2e", step, total_steps, loss,
-                     float(schedule(step - 1)))
+        logged = {"train/loss": loss,
+                  "train/grad_norm": float(train_metrics["grad_norm"]),
+                  "lr": float(schedule(step - 1)),
+                  "examples_per_sec": timed_examples / max(elapsed, 1e-9)}
+        writer.write(step, logged)
+        logging.info(metric_writers.format_console(step, total_steps, logged))
         timer, timed_examples = time.perf_counter(), 0
 
     # ------------------------------------------------------- Evaluation --
