@@ -21,6 +21,7 @@ setup(
         "absl-py>=2.1.0",
         "numpy>=1.26",
         "tensorboardX>=2.6",
+        "matplotlib>=3.8",
     ],
     extras_require={"test": ["pytest>=8.0", "pytest-xdist>=3.5"]},
 )

@@ -105,9 +105,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"seq_len={config.seq_len} must be between 8 and model.max_positions="
        f"{m.max_positions}; raise --config.model.max_positions")
   need(config.total_steps >= 1, f"total_steps={config.total_steps} must be >= 1")
-  need(0 <= config.warmup_steps <= config.total_steps,
-       f"warmup_steps={config.warmup_steps} must be in [0, total_steps="
-       f"{config.total_steps}]")
+  need(config.warmup_steps >= 0,
+       f"warmup_steps={config.warmup_steps} must be >= 0")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
   need(config.batch_size >= 1 and config.grad_accum_steps >= 1 and
        config.batch_size % config.grad_accum_steps == 0,
@@ -130,6 +129,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 # Keys that may change when resuming a workdir: run length, cadence, hardware.
 RESUMABLE_CHANGES = frozenset({
     "total_steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+    "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
     "peak_flops_per_device", "nonfinite_policy", "allow_config_change",
     "data.num_workers", "data.tfds_data_dir", "tokenizer.path", "init_from",

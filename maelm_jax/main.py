@@ -26,11 +26,22 @@ class _QuietLibraries(pylogging.Filter):
 
 
 def summary(workdir: str, last: dict) -> str:
+  from maelm_jax import baselines, plots  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir)
   lines = ["", "=" * 72, "Done."]
-  if "eval/loss" in last:
-    lines.append(f"  held-out masked-token loss {last['eval/loss']:.4f}, "
-                 f"accuracy {last['eval/accuracy']:.2%}")
+  if "eval/mask_accuracy" in last:
+    lines += [
+        "  held-out [MASK]ed positions (the model never saw these tokens):",
+        f"    {'':22}{'accuracy':>9}{'loss':>8}",
+        f"    {'this model':22}{last['eval/mask_accuracy']:>9.2%}"
+        f"{last['eval/mask_loss']:>8.3f}",
+        f"    {'unigram baseline':22}{last['eval/unigram_accuracy']:>9.2%}"
+        f"{last['eval/unigram_loss']:>8.3f}",
+        f"    {'bigram baseline':22}{last['eval/bigram_accuracy']:>9.2%}{'':>8}",
+        f"  verdict: {baselines.plateau_status(last).split(';')[0]}",
+        f"  all selected positions (kept/random included): loss "
+        f"{last['eval/loss']:.4f}, accuracy {last['eval/accuracy']:.2%}",
+        f"  learning curve: {workdir}/{plots.FILENAME}"]
   lines += [
       f"  metrics:     {workdir}/metrics.jsonl (TensorBoard: {workdir}/tensorboard)",
       f"  checkpoints: {workdir}/checkpoints   tokenizer: {workdir}/tokenizer.model",

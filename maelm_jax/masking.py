@@ -132,6 +132,16 @@ def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
                masked_positions=masked_positions)
 
 
+def selected_is_masked(masks: Masks) -> jax.Array:
+  """[B, K] float 1/0: which selected slots are in the [MASK] / dropped group
+  (the others were replaced by a random token or kept, and stay visible)."""
+  batch, k = masks.selected_positions.shape
+  if masks.masked_positions.shape[1] == k:  # Every selected slot is masked.
+    return jnp.ones((batch, k), jnp.float32)
+  hits = masks.selected_positions[:, :, None] == masks.masked_positions[:, None, :]
+  return hits.any(axis=-1).astype(jnp.float32)
+
+
 def unpermute_to_full_length(encoder_out: jax.Array, encoder_positions: jax.Array,
                              fill: jax.Array, masked_positions: jax.Array) -> jax.Array:
   """Puts encoder outputs back at their original slots and `fill` at the others.

@@ -47,7 +47,8 @@ def format_console(step: int, total: int, m: dict[str, float]) -> str:
   parts = [f"step {step}/{total}"]
   for key, fmt in (("train/loss", ".4f"), ("train/accuracy", ".3f"), ("lr", ".2e"),
                    ("tokens_per_sec", ",.0f"), ("mfu", ".2%"), ("eval/loss", ".4f"),
-                   ("eval/accuracy", ".3f")):
+                   ("eval/accuracy", ".3f"), ("eval/mask_loss", ".4f"),
+                   ("eval/mask_accuracy", ".3f")):
     if key in m:
       parts.append(f"{key.split('/')[-1] if key.startswith('train/') else key} "
                    f"{format(m[key], fmt)}")

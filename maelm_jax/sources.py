@@ -333,9 +333,11 @@ def _text_documents(patterns: str, text_field: str) -> tuple[_PackedTexts, str]:
 @functools.lru_cache(maxsize=1)
 def _pydoc_documents() -> tuple[_PackedTexts, str]:
   from pydoc_data import topics  # pylint: disable=g-import-not-at-top
-  documents = (p for key in sorted(topics.topics)
-               for p in paragraphs(topics.topics[key].splitlines()))
-  return _PackedTexts(documents), "pydoc:"
+  # Topics share whole sections (the `if` statement appears under "if" and
+  # "compound"): keep each paragraph once, so no held-out paragraph was trained on.
+  documents = dict.fromkeys(p for key in sorted(topics.topics)
+                            for p in paragraphs(topics.topics[key].splitlines()))
+  return _PackedTexts(iter(documents)), "pydoc:"
 
 
 # --------------------------------------------------------------------------

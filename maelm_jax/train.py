@@ -10,6 +10,7 @@ resumed run logs exactly the losses the uninterrupted run would have logged.
 
 from __future__ import annotations
 
+import collections
 import filecmp
 import json
 import math
@@ -24,7 +25,8 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from maelm_jax import (checkpoints, config_lib, flops, metric_writers, pipeline,
+from maelm_jax import (baselines, checkpoints, config_lib, corpus_report, flops,
+                       metric_writers, pipeline, plots,
                        preemption, sharding, sources, tokenizer as tokenizer_lib,
                        train_lib)
 from maelm_jax.model import ModelConfig
@@ -128,30 +130,80 @@ def truncate_metrics(workdir: str, last_step: int) -> None:
 # --------------------------------------------------------------------------
 # Helpers of the loop.
 # --------------------------------------------------------------------------
-def _global_batch(mesh, local_batch):
-  return {k: jax.make_array_from_process_local_data(sharding.batch_sharding(mesh), v)
-          for k, v in local_batch.items()}
-
-
-def evaluate(eval_step, params, eval_ds, mesh, eval_rng, num_batches):
-  """Masked-token loss/accuracy over up to `num_batches` held-out batches.
+def sum_over_eval_batches(step_fn, eval_ds, mesh, num_batches) -> dict:
+  """Sums of `step_fn(global_batch, batch_index)`'s outputs over up to
+  `num_batches` held-out batches.
 
   Each process reads its own documents, so the processes' eval streams can end at
   different batches. The eval step is a collective: every process must call it the
   same number of times, so they agree each step whether all still have a batch.
   """
-  totals = {"loss_sum": 0.0, "correct": 0.0, "weight": 0.0}
+  totals = collections.defaultdict(float)
   iterator = iter(eval_ds)
   for index in range(num_batches):
     batch = next(iterator, None)
     if not _all_processes_have(batch is not None):
       break
-    out = eval_step(params, _global_batch(mesh, batch), eval_rng, jnp.int32(index))
+    out = step_fn(sharding.global_batch(mesh, batch), jnp.int32(index))
     for key, value in jax.device_get(out).items():
       totals[key] += float(value)
+  return totals
+
+
+def evaluate(eval_step, params, eval_ds, mesh, eval_rng, num_batches):
+  """Held-out loss/accuracy over all selected positions and over the [MASK]ed /
+  dropped ones alone (`eval/mask_*`, the honest figures; see baselines.py)."""
+  totals = sum_over_eval_batches(
+      lambda batch, index: eval_step(params, batch, eval_rng, index), eval_ds, mesh,
+      num_batches)
   weight = max(totals["weight"], 1.0)
+  mask_weight = max(totals["mask_weight"], 1.0)
   return {"eval/loss": totals["loss_sum"] / weight,
-          "eval/accuracy": totals["correct"] / weight}
+          "eval/accuracy": totals["correct"] / weight,
+          "eval/mask_loss": totals["mask_loss_sum"] / mask_weight,
+          "eval/mask_accuracy": totals["mask_correct"] / mask_weight}
+
+
+def evaluate_baselines(config, model_cfg, train_source, tokenizer, eval_ds, mesh,
+                       eval_rng) -> dict[str, float]:
+  """Unigram and bigram baselines on the held-out positions `evaluate` scores.
+
+  The tables are counted on the first `config.baseline_tokens` tokens of a
+  seeded pass over the training split, read whole by every process, so every
+  process holds the same tables.
+  """
+  rows = pipeline.make_pretrain_dataset(
+      train_source, tokenizer, seq_len=config.seq_len, batch_size=64,
+      seed=config.seed, shuffle=True, repeat=False)
+  tables = baselines.count_ngrams((b["input_ids"] for b in rows),
+                                  tokenizer.vocab_size, config.baseline_tokens)
+  replicated = sharding.replicated(mesh)
+  step = jax.jit(baselines.make_baseline_step(model_cfg),
+                 in_shardings=({"input_ids": sharding.batch_sharding(mesh)},
+                               replicated, replicated, replicated, replicated),
+                 out_shardings=replicated)
+  log_probs = jax.device_put(tables.unigram_log_probs, replicated)
+  bigram_next = jax.device_put(tables.bigram_next, replicated)
+  totals = sum_over_eval_batches(
+      lambda batch, index: step(batch, eval_rng, index, log_probs, bigram_next),
+      eval_ds, mesh, config.eval_batches)
+  out = baselines.baseline_metrics(totals)
+  logging.info("baselines on %d held-out [MASK] positions (tables from %d training "
+               "tokens; most frequent piece %r): unigram accuracy %.2f%%, unigram "
+               "loss %.3f, bigram accuracy %.2f%%", totals["mask_weight"],
+               tables.num_tokens, tokenizer.id_to_piece(tables.unigram_argmax),
+               100 * out["eval/unigram_accuracy"], out["eval/unigram_loss"],
+               100 * out["eval/bigram_accuracy"])
+  return out
+
+
+def _plot(workdir, config) -> None:
+  """The learning curve is a convenience: a failure to draw it never stops a run."""
+  try:
+    plots.plot_learning_curve(workdir, f"{config.model.objective} / "
+                              f"{config.model.size}: {workdir}")
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning("could not draw %s: %s", plots.FILENAME, error)
 
 
 def _all_processes_have(flag: bool) -> bool:
@@ -213,6 +265,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   for source, split in ((train_source, "train"), (eval_source, "eval")):
     check_corpus_fills_a_batch(source, tokenizer, config.seq_len, config.batch_size,
                                split)
+  if is_main:
+    stats = corpus_report.report(train_source, tokenizer)
+    for line in corpus_report.describe(stats, "train"):
+      (logging.warning if line.startswith("WARNING") else logging.info)(line)
+    with open(os.path.join(workdir, "corpus_report.json"), "w") as f:
+      json.dump(stats, f, indent=2)
   local_batch = config.batch_size // jax.process_count()
 
   def dataset(source, **kwargs):
@@ -240,6 +298,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                               state_shardings,
                                               config.grad_accum_steps)
   eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
+  eval_baselines = evaluate_baselines(config, model_cfg, train_source, tokenizer,
+                                      eval_ds, mesh, eval_rng)
 
   # ------------------------------------------------ Checkpoints and resume --
   # Order: this workdir's newest good checkpoint, else init_from, else fresh.
@@ -271,7 +331,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                config.total_steps, step_flops)
   try:
     for step in range(start_step + 1, config.total_steps + 1):
-      batch = _global_batch(mesh, next(train_iter))
+      batch = sharding.global_batch(mesh, next(train_iter))
       state, metrics = train_step(state, batch)
       if timer_start is None:  # Leave compilation out of the throughput.
         jax.block_until_ready(metrics)
@@ -302,12 +362,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 "lr": float(schedule(step - 1)),
                 "tokens_per_sec": steps_per_sec * tokens_per_step,
                 "mfu": steps_per_sec * step_flops / peak if peak else 0.0}
-        if step % config.eval_every == 0 or is_last:
+        evaluated = step % config.eval_every == 0 or is_last
+        if evaluated:
           last.update(evaluate(eval_step, state.params, eval_ds, mesh, eval_rng,
                                config.eval_batches))
+          last.update(eval_baselines)
         writer.write(step, last)
         if is_main:
           logging.info(metric_writers.format_console(step, config.total_steps, last))
+          if evaluated:
+            logging.info("step %d: %s", step, baselines.plateau_status(last))
+            _plot(workdir, config)
         timer_start, timed_steps = time.perf_counter(), 0
 
       if watcher.reached(step):

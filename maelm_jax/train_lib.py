@@ -31,12 +31,17 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def learning_rate_schedule(config) -> optax.Schedule:
-  """Linear warm-up from 0, then linear decay to end_learning_rate_ratio * peak."""
+  """Linear warm-up from 0, then linear decay to end_learning_rate_ratio * peak.
+
+  A run shorter than its warm-up (a quick try with total_steps=20) warms up over
+  all of its steps.
+  """
   peak = config.learning_rate
-  warmup = optax.linear_schedule(0.0, peak, max(config.warmup_steps, 1))
+  warmup_steps = min(config.warmup_steps, config.total_steps)
+  warmup = optax.linear_schedule(0.0, peak, max(warmup_steps, 1))
   decay = optax.linear_schedule(peak, peak * config.end_learning_rate_ratio,
-                                max(config.total_steps - config.warmup_steps, 1))
-  return optax.join_schedules([warmup, decay], [config.warmup_steps])
+                                max(config.total_steps - warmup_steps, 1))
+  return optax.join_schedules([warmup, decay], [warmup_steps])
 
 
 def weight_decay_mask(params):
@@ -176,20 +181,37 @@ def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: 
   return train_step
 
 
+def draw_eval_masks(model_cfg: ModelConfig, input_ids, eval_rng, batch_index):
+  """The held-out masks of batch `batch_index`: the same at every evaluation of a
+  run (and for the baselines), so every number scores the same tokens."""
+  return masking.draw_masks(jax.random.fold_in(eval_rng, batch_index), input_ids,
+                            model_cfg.mask_counts(input_ids.shape[1]),
+                            mask_id=model_cfg.mask_id,
+                            vocab_size=model_cfg.vocab_size)
+
+
 def make_eval_step(model_cfg: ModelConfig, seq_len: int):
-  """Returns eval_step(params, batch, batch_index) -> sums; masks are fixed per
-  batch index, so every evaluation of a run scores the same tokens."""
+  """Returns eval_step(params, batch, eval_rng, batch_index) -> sums.
+
+  Two views of the same predictions: over all K selected positions (`loss_sum`,
+  `correct`, `weight`), and over the `[MASK]`ed / dropped ones alone (`mask_*`).
+  Only the latter is honest across objectives: MLM and 3ML also predict the
+  kept tokens, which a model copies from its input.
+  """
+  del seq_len  # The batch carries it.
   model = MaskedLM(model_cfg, deterministic=True)
-  counts = model_cfg.mask_counts(seq_len)
 
   def eval_step(params, batch, eval_rng, batch_index):
-    masks = masking.draw_masks(jax.random.fold_in(eval_rng, batch_index),
-                               batch["input_ids"], counts, mask_id=model_cfg.mask_id,
-                               vocab_size=model_cfg.vocab_size)
+    masks = draw_eval_masks(model_cfg, batch["input_ids"], eval_rng, batch_index)
     logits = model.apply({"params": params}, masks)
     loss_sum, correct, weight = masked_lm_loss(logits, masks.targets,
                                                masks.selected_weights)
-    return {"loss_sum": loss_sum, "correct": correct, "weight": weight}
+    mask_weights = masks.selected_weights * masking.selected_is_masked(masks)
+    mask_loss_sum, mask_correct, mask_weight = masked_lm_loss(
+        logits, masks.targets, mask_weights)
+    return {"loss_sum": loss_sum, "correct": correct, "weight": weight,
+            "mask_loss_sum": mask_loss_sum, "mask_correct": mask_correct,
+            "mask_weight": mask_weight}
 
   return eval_step
 

@@ -65,6 +65,15 @@ def test_learning_rate_warmup_then_linear_decay():
   assert float(schedule(110)) == pytest.approx(1e-4)
 
 
+def test_a_run_shorter_than_its_warmup_warms_up_over_all_its_steps():
+  # A quick try (total_steps=20) with the recipe's 200-step warm-up is accepted.
+  config = tiny_config(learning_rate=1e-3, warmup_steps=200, total_steps=20)
+  schedule = train_lib.learning_rate_schedule(config)
+  assert float(schedule(0)) == 0.0
+  assert float(schedule(10)) == pytest.approx(5e-4)
+  assert float(schedule(20)) == pytest.approx(1e-3)
+
+
 def test_weight_decay_skips_biases_and_layer_norm():
   params = {"encoder": {"layer_0": {"mlp": {"wi": {"kernel": 1, "bias": 2}},
                                     "mlp_ln": {"scale": 3, "bias": 4}}},
