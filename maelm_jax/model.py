@@ -67,6 +67,12 @@ class ModelConfig:
   relative_position_bias: bool = True
   relative_buckets: int = 32
   relative_max_distance: int = 128
+  # 'local': attention starts out preferring near neighbours (see
+  # `local_relative_bias_init`); 'normal': BERT's N(0, 0.02), i.e. no preference.
+  relative_bias_init: str = "normal"
+  # Zero-initialised output projections of every residual branch (attention
+  # `out`, MLP `wo`): each layer starts as the identity (Fixup / ReZero style).
+  zero_init_residual: bool = False
   dropout: float = 0.1
   attention_dropout: float = 0.1
   dtype: Any = jnp.bfloat16
@@ -79,6 +85,8 @@ class ModelConfig:
   decoder_type: str = "self"
   decoder_layers: int = 1
   decoder_dropout: float = 0.0
+  # The decoder's own relative position bias (MAE-LM's --decoder-rel-pos).
+  decoder_relative_position_bias: bool = False
   mask_id: int = 4
 
   @classmethod
@@ -95,6 +103,8 @@ class ModelConfig:
         relative_position_bias=model_cfg.relative_position_bias,
         relative_buckets=model_cfg.relative_buckets,
         relative_max_distance=model_cfg.relative_max_distance,
+        relative_bias_init=model_cfg.get("relative_bias_init", "normal"),
+        zero_init_residual=model_cfg.get("zero_init_residual", False),
         dropout=model_cfg.dropout,
         attention_dropout=model_cfg.attention_dropout,
         dtype=jnp.dtype(model_cfg.dtype),
@@ -106,6 +116,8 @@ class ModelConfig:
         decoder_type=model_cfg.decoder_type,
         decoder_layers=model_cfg.decoder_layers,
         decoder_dropout=model_cfg.decoder_dropout,
+        decoder_relative_position_bias=model_cfg.get(
+            "decoder_relative_position_bias", False),
         mask_id=mask_id,
     )
 
@@ -121,6 +133,10 @@ class ModelConfig:
 
 def _dense_init():
   return nn.initializers.normal(stddev=0.02)  # BERT init.
+
+
+def _residual_out_init(cfg):
+  return nn.initializers.zeros if cfg.zero_init_residual else _dense_init()
 
 
 def _constrain(x, axes):
@@ -142,6 +158,34 @@ def relative_position_bucket(relative_position: jax.Array, num_buckets: int,
   return bucket + jnp.where(is_small, distance, large)
 
 
+RELATIVE_BIAS_INITS = ("normal", "local")
+
+
+def local_relative_bias_init(num_buckets: int, max_distance: int):
+  """Initialiser of the [buckets, heads] table: bias = -slope_h * distance.
+
+  ALiBi-like slopes, geometric from 1 (head 0: a neighbour at distance d gets
+  e^-d of the weight of the token itself) down to 1/64 (the last head: nearly
+  uniform). Distance is the smallest |offset| that falls into the bucket. With
+  it, attention reads the neighbourhood from step 0, which is what a masked
+  slot needs first; with N(0, 0.02) every offset looks alike until the table
+  has learned otherwise, and a decoder that sees no neighbours can settle on
+  the unigram guess before it does (benchmarks/RESULTS.md, "Recipes").
+  """
+  offsets = jnp.arange(-max_distance, max_distance + 1)
+  buckets = relative_position_bucket(offsets, num_buckets, max_distance)
+  # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
+  distance = jnp.full((num_buckets,), float(max_distance)).at[buckets].min(
+      jnp.abs(offsets).astype(jnp.float32))
+
+  def init(key, shape, dtype=jnp.float32):
+    del key
+    heads = shape[1]
+    slopes = 64.0 ** (-jnp.arange(heads) / max(heads - 1, 1))
+    return (-distance[:, None] * slopes[None, :]).astype(dtype)
+  return init
+
+
 class RelativePositionBias(nn.Module):
   """One table shared by all layers (as MAE-LM/COCO-LM do), indexed by the
   original positions, so removed tokens leave the distances of the others intact."""
@@ -151,9 +195,11 @@ class RelativePositionBias(nn.Module):
   @nn.compact
   def __call__(self, q_positions, k_positions):
     cfg = self.cfg
+    init = (local_relative_bias_init(cfg.relative_buckets, cfg.relative_max_distance)
+            if cfg.relative_bias_init == "local" else _dense_init())
     table = self.param(
         "table",
-        nn.with_logical_partitioning(_dense_init(), ("rel_buckets", "heads")),
+        nn.with_logical_partitioning(init, ("rel_buckets", "heads")),
         (cfg.relative_buckets, cfg.num_heads), jnp.float32)
     rel = k_positions[:, None, :] - q_positions[:, :, None]  # [B, n, m]
     buckets = relative_position_bucket(rel, cfg.relative_buckets,
@@ -187,7 +233,7 @@ class Attention(nn.Module):
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
     return nn.DenseGeneral(
         cfg.hidden, axis=(-2, -1), dtype=cfg.dtype, name="out",
-        kernel_init=nn.with_logical_partitioning(_dense_init(),
+        kernel_init=nn.with_logical_partitioning(_residual_out_init(cfg),
                                                  ("heads", "kv", "embed")),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
                                                ("norm",)))(out)
@@ -218,7 +264,7 @@ class Mlp(nn.Module):
     h = _constrain(h, ("batch", "act_len", "act_mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
     return nn.Dense(cfg.hidden, dtype=cfg.dtype, name="wo",
-                    kernel_init=nn.with_logical_partitioning(_dense_init(),
+                    kernel_init=nn.with_logical_partitioning(_residual_out_init(cfg),
                                                              ("mlp", "embed")),
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
                                                            ("norm",)))(h)
@@ -276,8 +322,10 @@ class Stack(nn.Module):
   cross_attention: bool = False
 
   @nn.compact
-  def __call__(self, x, positions, key_valid, memory=None, memory_valid=None):
-    """x: [B, n, D] token vectors at original `positions` [B, n]."""
+  def __call__(self, x, positions, key_valid, memory=None, memory_valid=None,
+               memory_positions=None):
+    """x: [B, n, D] token vectors at original `positions` [B, n]; `memory` [B, m, D]
+    (cross-attention) sits at original `memory_positions` [B, m]."""
     cfg = self.cfg
     x = x + _positions_table(cfg, "position_embed")(positions).astype(x.dtype)
     if cfg.ln_type == "post":  # BERT/RoBERTa: LayerNorm on the summed embeddings.
@@ -291,6 +339,10 @@ class Stack(nn.Module):
       self_bias = self_bias + RelativePositionBias(cfg, name="relative_bias")(
           positions, positions)
     cross_bias = None if memory is None else _padding_bias(memory_valid)
+    if memory is not None and self.relative_position_bias:
+      # Queries and memory share one position axis (the original sequence).
+      cross_bias = cross_bias + RelativePositionBias(
+          cfg, name="cross_relative_bias")(positions, memory_positions)
 
     layer_cls = nn.remat(TransformerLayer) if cfg.remat else TransformerLayer
     for i in range(self.num_layers):
@@ -367,7 +419,7 @@ class MaskedLM(Encoder):
     if cfg.decoder_type != "none":
       self.decoder = Stack(cfg, cfg.decoder_layers, cfg.decoder_dropout,
                            cfg.decoder_dropout, self.deterministic,
-                           relative_position_bias=False,
+                           relative_position_bias=cfg.decoder_relative_position_bias,
                            cross_attention=cfg.decoder_type == "cross",
                            name="decoder")
     self.lm_head = LMHead(cfg, name="lm_head")
@@ -405,7 +457,8 @@ class MaskedLM(Encoder):
                                       axis=1)
         hidden = self.decoder(queries, masks.selected_positions,
                               jnp.ones(queries.shape[:2], bool), memory=enc_out,
-                              memory_valid=enc_valid)
+                              memory_valid=enc_valid,
+                              memory_positions=masks.encoder_positions)
     return self.lm_head(hidden, self.token_embed.embedding)
 
 
