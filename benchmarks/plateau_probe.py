@@ -8,6 +8,9 @@ plateau, and when? Prints held-out `[MASK]`-only loss/accuracy every
   python benchmarks/plateau_probe.py --name=maelm_paper \
       --config_arg=objective=maelm,recipe=paper
 
+  python benchmarks/plateau_probe.py --plot=docs/plateau_recipes.png \
+      --names=mlm_fast,maelm_fast,maelm_paper
+
 Settings: `configs/pretrain.py` (`--config_arg`, default the fast recipe), batch 32 x 128,
 fp32 (faster than bf16 on CPU), every `--set key=value` applied on top. One
 8000-piece tokenizer is trained on the books once (`--tokenizer`) and shared by
@@ -58,9 +61,81 @@ def apply_overrides(config, items):
     target[leaf] = value
 
 
+def train_flops_per_step(workdir: pathlib.Path) -> float:
+  """The FLOP model's training FLOPs per step of the run in `workdir`."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from maelm_jax import flops, model as model_lib  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  vocab = tokenizer_lib.Tokenizer(str(workdir / "tokenizer.model")).vocab_size
+  cfg = model_lib.ModelConfig.from_config(config.model, vocab, 4)
+  return flops.train_flops_per_step(cfg, config.seq_len, config.batch_size)
+
+
+def plot(results: str, names: list[str], path: str) -> None:
+  """[MASK] accuracy against step and against training FLOPs, one line per probe."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  records = [json.loads(line) for line in open(results)]
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+  baselines = {}
+  for i, name in enumerate(names):
+    rows = sorted((r for r in records if r["name"] == name), key=lambda r: r["step"])
+    if not rows:
+      print(f"no records of {name} in {results}")
+      continue
+    per_step = train_flops_per_step(pathlib.Path(f"/tmp/probe_{name}"))
+    steps = [r["step"] for r in rows]
+    accuracy = [100 * r["eval/mask_accuracy"] for r in rows]
+    style = "--" if "paper" in name or "normal" in name or "nodec" in name else "-"
+    axes[0].plot(steps, accuracy, style, marker="o", ms=3, color=f"C{i}", label=name)
+    axes[1].plot([s * per_step / 1e12 for s in steps], accuracy, style, marker="o",
+                 ms=3, color=f"C{i}", label=name)
+    baselines = rows[-1]
+  for ax, xlabel in zip(axes, ("step", "training FLOPs (10^12, flops.py)")):
+    for key, style, label in (("eval/unigram_accuracy", "--", "unigram"),
+                              ("eval/bigram_accuracy", ":", "bigram")):
+      if key in baselines:
+        ax.axhline(100 * baselines[key], linestyle=style, color="gray", label=label)
+    ax.set(xlabel=xlabel, ylabel="held-out [MASK] accuracy (%)")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle("tiny, 31 books, batch 32 x 128 (benchmarks/plateau_probe.py)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  print("wrote", path)
+
+
+def table(results: str, names: list[str]) -> str:
+  """Markdown: per probe, when it left the unigram plateau and passed bigram, in
+  steps and in training FLOPs (baselines.ACCURACY_MARGIN is "left")."""
+  from maelm_jax import baselines  # pylint: disable=g-import-not-at-top
+  records = [json.loads(line) for line in open(results)]
+  lines = ["| probe | GFLOP/step | left plateau at step (TFLOP) | above bigram at step "
+           "(TFLOP) | [MASK] acc / loss at the end | unigram acc / loss | bigram acc |",
+           "|---|--:|--:|--:|--:|--:|--:|"]
+  for name in names:
+    rows = sorted((r for r in records if r["name"] == name), key=lambda r: r["step"])
+    if not rows:
+      continue
+    per_step = train_flops_per_step(pathlib.Path(f"/tmp/probe_{name}"))
+    left = next((r["step"] for r in rows if r["eval/mask_accuracy"] >=
+                 baselines.ACCURACY_MARGIN * r["eval/unigram_accuracy"]), None)
+    above = next((r["step"] for r in rows
+                  if r["eval/mask_accuracy"] > r["eval/bigram_accuracy"]), None)
+    at = lambda step: "never" if step is None else f"{step} ({step * per_step / 1e12:.1f})"
+    last = rows[-1]
+    lines.append(
+        f"| {name} | {per_step / 1e9:.1f} | {at(left)} | {at(above)} | "
+        f"{100 * last['eval/mask_accuracy']:.1f}% / {last['eval/mask_loss']:.2f} "
+        f"(step {last['step']}) | {100 * last['eval/unigram_accuracy']:.1f}% / "
+        f"{last['eval/unigram_loss']:.2f} | {100 * last['eval/bigram_accuracy']:.1f}% |")
+  return "\n".join(lines)
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--name", required=True)
+  p.add_argument("--name", default="probe")
   p.add_argument("--steps", type=int, default=2000)
   p.add_argument("--eval_every", type=int, default=200)
   p.add_argument("--config_arg", default="objective=maelm,size=tiny",
@@ -70,7 +145,15 @@ def main():
   p.add_argument("--out", default="/tmp/probe_results.jsonl")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="config override, e.g. model.ln_type=pre")
+  p.add_argument("--plot", default="",
+                 help="only draw the probes --names from --out into this PNG and "
+                 "print their table")
+  p.add_argument("--names", default="")
   args = p.parse_args()
+  if args.plot:
+    plot(args.out, args.names.split(","), args.plot)
+    print(table(args.out, args.names.split(",")))
+    return
   config = pretrain.get_config(args.config_arg)
   config.unlock()
   config.data.source = args.source

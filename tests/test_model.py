@@ -146,3 +146,68 @@ def test_bf16_compute_keeps_fp32_params_and_logits():
   cfg32 = build("maelm")
   logits32 = model_lib.MaskedLM(cfg32).apply({"params": params}, masks)
   np.testing.assert_allclose(logits, logits32, atol=0.05)
+
+
+def test_local_relative_bias_init_prefers_near_neighbours():
+  table = np.asarray(model_lib.local_relative_bias_init(32, 128)(None, (32, 4)))
+  offsets = jnp.arange(-128, 129)
+  buckets = np.asarray(model_lib.relative_position_bucket(offsets, 32, 128))
+  bias = table[buckets]  # [offset, head]
+  # Head 0: slope 1 (bias -|d| for exact buckets); the last head: slope 1/64.
+  for d in (0, 1, 2, 7):
+    np.testing.assert_allclose(bias[128 + d], -d * np.array([1, 64**(-1 / 3),
+                                                             64**(-2 / 3), 1 / 64]),
+                               rtol=1e-6)
+    np.testing.assert_allclose(bias[128 - d], bias[128 + d])  # Symmetric.
+  # Non-increasing with distance in every head, for both directions.
+  assert np.all(np.diff(bias[128:], axis=0) <= 0)
+  assert np.all(np.diff(bias[:129][::-1], axis=0) <= 0)
+
+
+@pytest.mark.parametrize("decoder_type", ["self", "cross"])
+def test_decoder_relative_bias_is_its_own_and_reads_original_positions(decoder_type):
+  cfg = build("3ml", **{"model.decoder_type": decoder_type,
+                        "model.decoder_relative_position_bias": True,
+                        "model.relative_bias_init": "local"})
+  ids = random_ids(2, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  assert "relative_bias" in params["encoder"] and "relative_bias" in params["decoder"]
+  assert ("cross_relative_bias" in params["decoder"]) == (decoder_type == "cross")
+  # Starting local: head 0 of the decoder's table is -distance at exact buckets.
+  table = np.asarray(params["decoder"]["relative_bias"]["table"])
+  assert table[0, 0] == 0.0 and table[1, 0] == -1.0
+  # The bias moves the predictions: a flat table gives other logits.
+  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  flat = jax.tree_util.tree_map_with_path(
+      lambda p, x: jnp.zeros_like(x) if "relative_bias" in jax.tree_util.keystr(p)
+      and "decoder" in jax.tree_util.keystr(p) else x, params)
+  other = model_lib.MaskedLM(cfg).apply({"params": flat}, masks)
+  assert not np.allclose(logits, other, atol=1e-4)
+  without = build("3ml", **{"model.decoder_type": decoder_type,
+                            "model.decoder_relative_position_bias": False})
+  assert "relative_bias" not in init(without, masks)["decoder"]
+
+
+def test_zero_init_residual_makes_every_layer_start_as_the_identity():
+  cfg = build("maelm", **{"model.zero_init_residual": True, "model.ln_type": "pre"})
+  ids = random_ids(2, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  layer = params["encoder"]["layer_0"]
+  assert not np.any(layer["self_attn"]["out"]["kernel"])
+  assert not np.any(layer["mlp"]["wo"]["kernel"])
+  assert np.any(layer["mlp"]["wi"]["kernel"])
+  # Pre-LN with identity layers: the encoder is final_ln(token + position).
+  out = model_lib.Encoder(cfg).apply({"params": model_lib.encoder_params(params)},
+                                     jnp.asarray(ids))
+
+  def embeddings_only(mdl):
+    positions = jnp.broadcast_to(jnp.arange(32), ids.shape)
+    x = mdl.token_embed(jnp.asarray(ids)) + mdl.encoder.variables["params"][
+        "position_embed"]["embedding"][positions]
+    ln = nn.LayerNorm(epsilon=1e-5)
+    return ln.apply({"params": mdl.encoder.variables["params"]["final_ln"]}, x)
+  expected = nn.apply(embeddings_only, model_lib.Encoder(cfg))(
+      {"params": model_lib.encoder_params(params)})
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
