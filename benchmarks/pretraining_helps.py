@@ -61,10 +61,12 @@ def parse_args(argv=None):
   p.add_argument("--corpus", default=f"text:{SHARED}/corpus/gutenberg/*.txt.xz")
   p.add_argument("--tokenizer", default="",
                  help="a tokenizer.model to use (default: train one on the books)")
+  p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                 help="pretraining config override, e.g. model.keep_prob=0.0")
   p.add_argument("--seeds", default="1,2,3")
   p.add_argument("--finetune_lr", type=float, default=1e-4)
   p.add_argument("--sst2_examples", type=int, default=8000)
-  p.add_argument("--epochs", default="sst2=2,qnli=4,cola=3")
+  p.add_argument("--epochs", default="sst2=2,qnli=3,cola=2")
   p.add_argument("--max_seq_len", default="sst2=64,qnli=128,cola=48")
   p.add_argument("--results", default=str(REPO / "benchmarks" / "RESULTS.md"))
   p.add_argument("--dry_run", action="store_true",
@@ -97,7 +99,8 @@ def pretrain(args, workdir: str, steps: int, extra: list[str]) -> dict:
          "--config.tokenizer.vocab_size=8000",
          f"--config.total_steps={steps}", "--config.batch_size=32",
          "--config.seq_len=128", "--config.model.dtype=float32",
-         "--config.eval_batches=10", *extra]
+         "--config.eval_batches=10", *extra,
+         *(f"--config.{item}" for item in args.override)]
   if args.tokenizer:
     cmd.append(f"--config.tokenizer.path={args.tokenizer}")
   else:  # Enough sentences for 8k pieces; trains in about a minute.

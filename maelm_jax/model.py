@@ -204,7 +204,14 @@ class RelativePositionBias(nn.Module):
     rel = k_positions[:, None, :] - q_positions[:, :, None]  # [B, n, m]
     buckets = relative_position_bucket(rel, cfg.relative_buckets,
                                        cfg.relative_max_distance)
-    return jnp.transpose(table[buckets], (0, 3, 1, 2))  # [B, H, n, m]
+    bias = table[buckets]  # [B, n, m, H]
+    # [CLS] (position 0) is untied from positions (TUPE, Ke et al. 2021): it reads
+    # and is read by content alone. Fine-tuning classifies from [CLS]; tied, a
+    # local table made it see only its first neighbours, and GLUE fine-tuning of
+    # such encoders stayed at chance.
+    untied = (q_positions[:, :, None] == 0) | (k_positions[:, None, :] == 0)
+    bias = jnp.where(untied[..., None], 0.0, bias)
+    return jnp.transpose(bias, (0, 3, 1, 2))  # [B, H, n, m]
 
 
 class Attention(nn.Module):

@@ -326,13 +326,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tokens_per_step = config.batch_size * config.seq_len
   start_step = int(jax.device_get(state.step))
   nonfinite_seen = int(jax.device_get(state.nonfinite_count))
-  timer_start, timed_steps, last = None, 0, {}
+  timer_start, timed_steps, last, in_flight = None, 0, {}, None
   logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
                config.total_steps, step_flops)
   try:
     for step in range(start_step + 1, config.total_steps + 1):
       batch = sharding.global_batch(mesh, next(train_iter))
       state, metrics = train_step(state, batch)
+      # At most two steps in flight: wait for the previous one (the host still
+      # prepares the next batch while this one runs). An unbounded queue of
+      # dispatched steps deadlocked XLA:CPU's collectives on fake multi-device
+      # meshes (an all-reduce rendezvous timeout after ~100 queued steps).
+      if in_flight is not None:
+        jax.block_until_ready(in_flight)
+      in_flight = metrics
       if timer_start is None:  # Leave compilation out of the throughput.
         jax.block_until_ready(metrics)
         timer_start, timed_steps = time.perf_counter(), 0
