@@ -143,30 +143,10 @@ fi
 
 mkdir -p "$log_dir" || die "cannot create $log_dir"
 
-# Job control while starting them: every process gets its own process group
-# and default signal dispositions (without it, bash starts background jobs with
-# SIGINT ignored, and a forwarded Ctrl-C would do nothing). Off again afterwards,
-# so that the terminal's Ctrl-C reaches this script, which forwards it.
-set -m
-
 pids=()
 status_of=()
-for ((i = 0; i < num_processes; i++)); do
-  build "$i"
-  log="$log_dir/process_$i.log"
-  # Logs are appended to: a resumed run keeps the history of the earlier ones.
-  echo "===== local.sh $(date '+%Y-%m-%d %H:%M:%S'): process $i of $num_processes: $(quote "${cmd_of[@]}")" >> "$log"
-  if ((i == 0)); then
-    # tee ignores INT/TERM so that process 0's last words still reach the log.
-    env "${env_of[@]}" "${cmd_of[@]}" < /dev/null > >(trap '' INT TERM; exec tee -a "$log") 2>&1 &
-  else
-    env "${env_of[@]}" "${cmd_of[@]}" < /dev/null >> "$log" 2>&1 &
-  fi
-  pids+=("$!")
-done
-set +m
-echo "local.sh: started $num_processes processes (pids ${pids[*]}), coordinator 127.0.0.1:$port, logs in $log_dir/process_<i>.log" >&2
-
+# Signal handling first: a Ctrl-C or SIGTERM that arrives while the processes are
+# being started is forwarded to those already running, never lost.
 alive() {
   local i
   for i in "${!pids[@]}"; do
@@ -195,6 +175,29 @@ on_signal() {
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 trap 'signal_all KILL' EXIT  # Should the launcher itself fail: no orphans.
+
+# Job control while starting them: every process gets its own process group
+# and default signal dispositions (without it, bash starts background jobs with
+# SIGINT ignored, and a forwarded Ctrl-C would do nothing). Off again afterwards,
+# so that the terminal's Ctrl-C reaches this script, which forwards it.
+set -m
+
+for ((i = 0; i < num_processes; i++)); do
+  build "$i"
+  log="$log_dir/process_$i.log"
+  # Logs are appended to: a resumed run keeps the history of the earlier ones.
+  echo "===== local.sh $(date '+%Y-%m-%d %H:%M:%S'): process $i of $num_processes: $(quote "${cmd_of[@]}")" >> "$log"
+  if ((i == 0)); then
+    # tee ignores INT/TERM so that process 0's last words still reach the log.
+    env "${env_of[@]}" "${cmd_of[@]}" < /dev/null > >(trap '' INT TERM; exec tee -a "$log") 2>&1 &
+  else
+    env "${env_of[@]}" "${cmd_of[@]}" < /dev/null >> "$log" 2>&1 &
+  fi
+  pids+=("$!")
+done
+set +m
+echo "local.sh: started $num_processes processes (pids ${pids[*]}), coordinator 127.0.0.1:$port, logs in $log_dir/process_<i>.log" >&2
+
 
 failed=""
 stop_deadline=""

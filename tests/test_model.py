@@ -211,3 +211,21 @@ def test_zero_init_residual_makes_every_layer_start_as_the_identity():
   expected = nn.apply(embeddings_only, model_lib.Encoder(cfg))(
       {"params": model_lib.encoder_params(params)})
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cls_is_untied_from_relative_positions():
+  """[CLS] reads and is read by content alone (TUPE): no positional bias in its
+  row or column, whatever the table; every other pair keeps its bucket's bias."""
+  cfg = build("mlm", **{"model.relative_bias_init": "local"})
+  positions = jnp.arange(12)[None]
+  module = model_lib.RelativePositionBias(cfg)
+  params = nn.meta.unbox(module.init(jax.random.PRNGKey(0), positions, positions))
+  bias = np.asarray(module.apply(params, positions, positions))[0]  # [H, n, m]
+  assert not np.any(bias[:, 0, :]) and not np.any(bias[:, :, 0])
+  table = np.asarray(params["params"]["table"])
+  buckets = np.asarray(model_lib.relative_position_bucket(
+      positions[0][None, :] - positions[0][:, None], cfg.relative_buckets,
+      cfg.relative_max_distance))
+  np.testing.assert_allclose(bias[:, 1:, 1:],
+                             np.transpose(table[buckets[1:, 1:]], (2, 0, 1)))
+  assert bias[0, 5, 6] == -1.0 and bias[0, 5, 8] == -3.0  # Local elsewhere.
