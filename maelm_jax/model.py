@@ -28,6 +28,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maelm_jax import masking
 
@@ -172,11 +173,12 @@ def local_relative_bias_init(num_buckets: int, max_distance: int):
   has learned otherwise, and a decoder that sees no neighbours can settle on
   the unigram guess before it does (benchmarks/RESULTS.md, "Recipes").
   """
-  offsets = jnp.arange(-max_distance, max_distance + 1)
-  buckets = relative_position_bucket(offsets, num_buckets, max_distance)
+  with jax.ensure_compile_time_eval():  # Constants, also when called under jit.
+    offsets = jnp.arange(-max_distance, max_distance + 1)
+    buckets = np.asarray(relative_position_bucket(offsets, num_buckets, max_distance))
   # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
-  distance = jnp.full((num_buckets,), float(max_distance)).at[buckets].min(
-      jnp.abs(offsets).astype(jnp.float32))
+  distance = np.full((num_buckets,), float(max_distance), np.float32)
+  np.minimum.at(distance, buckets, np.abs(np.asarray(offsets)).astype(np.float32))
 
   def init(key, shape, dtype=jnp.float32):
     del key
