@@ -228,7 +228,11 @@ while :; do
     signal_all KILL  # They wait for the failed one in a collective: no use waiting.
     stop_deadline=""
   fi
-  sleep 0.2
+  # Not a foreground `sleep`: bash drops a SIGINT sent to this script alone
+  # (kill -INT, not a terminal's Ctrl-C) while it waits for a foreground child
+  # that did not die of it, so the trap would never run. `wait` is interrupted.
+  sleep 0.2 &
+  wait $! 2>/dev/null
 done
 wait  # The tee of process 0.
 
