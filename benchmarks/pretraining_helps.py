@@ -210,10 +210,11 @@ def main(argv=None):
 
 def format_section(s: dict) -> str:
   a, ev = s["args"], s["pretrained_eval"]
+  overrides = "".join(f", {item}" for item in a.get("override", []))
   metric = {"sst2": "accuracy", "qnli": "accuracy", "cola": "Matthews corr."}
   lines = [
       START,
-      f"## Pretraining helps downstream: tiny {a['objective']} vs random init",
+      f"## Does pretraining help downstream? Tiny {a['objective']} vs random init",
       "",
       f"Run {s['date']} on a {s['machine']} CPU VM; total {s['total_minutes']:.0f} "
       "min (other work shared the cores).",
@@ -223,7 +224,8 @@ def format_section(s: dict) -> str:
       "```",
       "",
       f"* Pretraining: `configs/pretrain.py:objective={a['objective']},size=tiny` "
-      f"(default recipe), {a['pretrain_steps']} steps of 32 × 128 tokens on the 31 "
+      f"(default recipe{overrides}), {a['pretrain_steps']} steps of 32 × 128 tokens "
+      "on the 31 "
       f"books, 8000-piece tokenizer, {s['pretrain_minutes']:.0f} min of this run "
       "(0 if the workdir was already trained). Held-out `[MASK]` accuracy "
       f"{ev.get('eval/mask_accuracy', float('nan')):.1%} (unigram "
