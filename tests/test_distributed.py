@@ -479,7 +479,11 @@ def start_local(fake_python, tmp_path, mode, num_processes=2):
        "--devices_per_process=3", "--port=12345", "--",
        f"--workdir={tmp_path / 'w'}", "--x=1"],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-      start_new_session=True)
+      start_new_session=True,
+      # As from a terminal: SIGINT at its default. A test worker that inherited
+      # SIGINT ignored would pass that on, and bash cannot trap a signal ignored
+      # on entry (the launcher would never see the forwarded Ctrl-C).
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_ready(tmp_path, num_processes, timeout=30):
