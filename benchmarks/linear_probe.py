@@ -1,0 +1,76 @@
+r"""Linear probe of frozen encoders on SST-2: ridge regression on the `[CLS]`
+vector and on the mean of the token vectors, trained on the first `--train`
+sentences of SST-2 train, scored on all of dev. Tells whether pretrained
+representations carry more of the task than random ones, without fine-tuning.
+
+  python benchmarks/linear_probe.py /tmp/helps/pretrain_maelm /tmp/helps/random_init_maelm
+"""
+
+import argparse
+import csv
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from maelm_jax import checkpoints, model as model_lib  # noqa: E402
+
+SST2 = REPO.parent / "shared" / "data" / "glue" / "SST-2"
+
+
+def read(path, limit):
+  rows = list(csv.reader(open(path), delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+  rows = rows[:limit]
+  return [r[0] for r in rows], np.array([int(r[1]) for r in rows])
+
+
+def features(pretrained, texts, seq_len=64, batch=256):
+  tok, params = pretrained.tokenizer, jax.device_put(pretrained.params)
+  encode = jax.jit(lambda ids: model_lib.Encoder(pretrained.model_cfg).apply(
+      {"params": params}, ids))
+  out = []
+  for i in range(0, len(texts), batch):
+    rows = [[tok.cls_id] + ids[:seq_len - 2] + [tok.sep_id]
+            for ids in tok.encode(texts[i:i + batch])]
+    arr = np.zeros((batch, seq_len), np.int32)
+    for j, ids in enumerate(rows):
+      arr[j, :len(ids)] = ids
+    hidden = np.asarray(encode(jnp.asarray(arr)))[:len(rows)]
+    words = (arr[:len(rows)] > 4)[..., None]  # Not special tokens.
+    out.append(np.concatenate(
+        [hidden[:, 0], (hidden * words).sum(1) / np.maximum(words.sum(1), 1)], 1))
+  return np.concatenate(out)
+
+
+def ridge_accuracy(train_x, train_y, dev_x, dev_y, alpha=10.0):
+  mean, std = train_x.mean(0), train_x.std(0) + 1e-6
+  a = np.c_[(train_x - mean) / std, np.ones(len(train_x))]
+  b = np.c_[(dev_x - mean) / std, np.ones(len(dev_x))]
+  w = np.linalg.solve(a.T @ a + alpha * np.eye(a.shape[1]), a.T @ (2.0 * train_y - 1))
+  return float(((b @ w > 0) == dev_y).mean())
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("workdirs", nargs="+")
+  p.add_argument("--train", type=int, default=6000)
+  args = p.parse_args()
+  train_x, train_y = read(SST2 / "train.tsv", args.train)
+  dev_x, dev_y = read(SST2 / "dev.tsv", None)
+  for workdir in args.workdirs:
+    pretrained = checkpoints.load_pretrained(workdir)
+    f_train, f_dev = features(pretrained, train_x), features(pretrained, dev_x)
+    d = f_train.shape[1] // 2
+    for name, cols in (("cls", slice(0, d)), ("mean", slice(d, 2 * d))):
+      print(f"{workdir} {name}: SST-2 dev accuracy "
+            f"{ridge_accuracy(f_train[:, cols], train_y, f_dev[:, cols], dev_y):.3f}",
+            flush=True)
+
+
+if __name__ == "__main__":
+  main()
