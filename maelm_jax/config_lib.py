@@ -93,6 +93,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
   need(0.0 <= m.dropout < 1.0 and 0.0 <= m.attention_dropout < 1.0,
        "model.dropout and model.attention_dropout must be in [0, 1)")
+  need(m.get("relative_bias_init", "normal") in model_lib.RELATIVE_BIAS_INITS,
+       f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
+       f"{model_lib.RELATIVE_BIAS_INITS}")
   need(m.ln_type in model_lib.LN_TYPES,
        f"model.ln_type={m.ln_type!r} must be one of {model_lib.LN_TYPES}")
   need(m.dtype in ("bfloat16", "float32"),

@@ -173,15 +173,16 @@ def local_relative_bias_init(num_buckets: int, max_distance: int):
   has learned otherwise, and a decoder that sees no neighbours can settle on
   the unigram guess before it does (benchmarks/RESULTS.md, "Recipes").
   """
-  with jax.ensure_compile_time_eval():  # Constants, also when called under jit.
-    offsets = jnp.arange(-max_distance, max_distance + 1)
-    buckets = np.asarray(relative_position_bucket(offsets, num_buckets, max_distance))
-  # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
-  distance = np.full((num_buckets,), float(max_distance), np.float32)
-  np.minimum.at(distance, buckets, np.abs(np.asarray(offsets)).astype(np.float32))
-
   def init(key, shape, dtype=jnp.float32):
     del key
+    # Computed only when the table is created, never in the forward pass.
+    with jax.ensure_compile_time_eval():  # Constants, also under jit.
+      offsets = jnp.arange(-max_distance, max_distance + 1)
+      buckets = np.asarray(relative_position_bucket(offsets, num_buckets,
+                                                    max_distance))
+    # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
+    distance = np.full((num_buckets,), float(max_distance), np.float32)
+    np.minimum.at(distance, buckets, np.abs(np.asarray(offsets)).astype(np.float32))
     heads = shape[1]
     slopes = 64.0 ** (-jnp.arange(heads) / max(heads - 1, 1))
     return (-distance[:, None] * slopes[None, :]).astype(dtype)
