@@ -229,3 +229,34 @@ def test_cls_is_untied_from_relative_positions():
   np.testing.assert_allclose(bias[:, 1:, 1:],
                              np.transpose(table[buckets[1:, 1:]], (2, 0, 1)))
   assert bias[0, 5, 6] == -1.0 and bias[0, 5, 8] == -3.0  # Local elsewhere.
+
+
+@pytest.mark.parametrize("objective", ["mlm", "maelm"])
+def test_untied_embeddings_move_only_the_words_that_were_read(objective):
+  """With `tie_embeddings=False` the softmax trains the head's own output
+  embedding, so a piece the batch never reads gets no gradient on its input
+  embedding; tied, every piece's row is pushed by the softmax."""
+  ids = random_ids(2, 32, VOCAB)
+  grads = {}
+  for tied in (True, False):
+    cfg = build(objective, **{"model.tie_embeddings": tied})
+    masks = draw(cfg, ids)
+    params = init(cfg, masks)
+    assert ("embedding" in params["lm_head"]) == (not tied)
+
+    def loss(p):
+      logits = model_lib.MaskedLM(cfg).apply({"params": p}, masks)
+      total, _, weight = model_lib.masked_lm_loss(logits, masks.targets,
+                                                  masks.selected_weights)
+      return total / weight
+
+    grads[tied] = jax.grad(loss)(params)
+  read = np.zeros(VOCAB, bool)
+  read[np.asarray(masks.encoder_ids).ravel()] = True
+  read[4] = True  # [MASK]: the decoder / MLM input reads its embedding.
+  row_norm = lambda g: np.linalg.norm(np.asarray(g["token_embed"]["embedding"]), axis=1)
+  assert (~read).sum() > 10  # Enough unread pieces for the check to mean something.
+  assert np.all(row_norm(grads[False])[~read] == 0.0)
+  assert np.all(row_norm(grads[False])[read] > 0.0)
+  assert np.all(row_norm(grads[True])[~read] > 0.0)
+  assert np.any(np.asarray(grads[False]["lm_head"]["embedding"]))
