@@ -62,6 +62,13 @@ def get_config(arg=None):
   # Resuming a workdir whose config.json differs in anything but run length and
   # logging is refused unless this is set.
   config.allow_config_change = False
+  # When every checkpoint of the workdir fails to read (each is moved aside as
+  # <step>.corrupt, never deleted), the run stops unless this is set; then it
+  # trains from step 1 in the same workdir.
+  config.start_over = False
+  # Print what the launch would do (parameters, masks, FLOPs, mesh, data, the
+  # workdir's state: new, resumable at step N, or refused and why) and exit.
+  config.dry_run = False
   config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'); one -1 is inferred.
   config.peak_flops_per_device = 0.0  # 0: look up the device kind (flops.PEAK_FLOPS).
   config.init_from = ""
@@ -70,6 +77,9 @@ def get_config(arg=None):
   config.data.source = "pydoc:"
   config.data.eval_fraction = 0.01
   config.data.text_field = "text"
+  # A text file that is not UTF-8 text (binary, another encoding) is skipped
+  # with a warning naming it ('warn'), or stops the run ('stop').
+  config.data.on_bad_text = "warn"
   config.data.tfds_data_dir = ""
   config.data.num_workers = 0
   # Documents are dealt to this many packed streams (0: one per process). Fix it
@@ -110,6 +120,7 @@ def get_config(arg=None):
   config.model.decoder_layers = config_dict.placeholder(int)
   config.model.decoder_dropout = 0.0
   config.model.decoder_relative_position_bias = False
+  config.model.tie_embeddings = True
 
   apply_recipe(config, arg.recipe)
   config.lock()

@@ -86,7 +86,11 @@ done
 if [[ -z "$workdir" ]]; then
   die "no --workdir in the arguments of maelm_jax.main"
 elif [[ "$workdir" != /* ]]; then
-  echo "tpu_pod.sh: warning: --workdir=$workdir is relative, i.e. under ~/$REMOTE_DIR on each worker's own disk; a pod needs a directory all workers share" >&2
+  # Relative means inside ~/$REMOTE_DIR, which the next launch deletes (step 1),
+  # checkpoints included; and on each worker's own disk, not shared.
+  die "--workdir=$workdir is relative: it would be ~/$REMOTE_DIR/$workdir on each worker, which the next launch deletes with the code copy. Pass an absolute path on a filesystem all workers share (e.g. --workdir=/mnt/shared/run)"
+elif [[ "$workdir" == */"$REMOTE_DIR" || "$workdir" == */"$REMOTE_DIR"/* ]]; then
+  die "--workdir=$workdir is inside the code copy ~/$REMOTE_DIR, which every launch deletes; pass a directory outside it, on a filesystem all workers share"
 fi
 
 gcloud_tail=(--zone="$zone")

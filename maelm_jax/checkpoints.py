@@ -28,12 +28,80 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
 
 
-def latest_step(workdir: str) -> int | None:
+COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
+
+
+class CheckpointMismatch(ValueError):
+  """A checkpoint that reads but does not fit this run (tree, shapes, data
+  iterator). The run stops before anything is written; nothing is moved."""
+
+
+def is_committed(step_dir: str) -> bool:
+  """Orbax finishes a save by writing these (after the atomic rename on local
+  disks; on object stores, where rename is a copy, `commit_success.txt` last)."""
+  return any(os.path.exists(os.path.join(step_dir, m)) for m in COMMIT_MARKERS)
+
+
+def step_dirs(workdir: str) -> dict[int, str]:
   directory = checkpoint_dir(workdir)
   if not os.path.isdir(directory):
-    return None
-  steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
+    return {}
+  return {int(name): os.path.join(directory, name) for name in os.listdir(directory)
+          if name.isdigit()}
+
+
+def latest_step(workdir: str) -> int | None:
+  """The newest *committed* step (an unfinished save is never picked)."""
+  steps = [step for step, path in step_dirs(workdir).items() if is_committed(path)]
   return max(steps) if steps else None
+
+
+def check_no_foreign_steps(workdir: str) -> None:
+  """A numbered folder Orbax did not finish (a copy by hand, a save torn on a
+  filesystem without atomic rename) is neither restored nor moved: the run
+  stops and names it, because the next save of that step would collide."""
+  foreign = sorted(path for path in step_dirs(workdir).values()
+                   if not is_committed(path))
+  if foreign:
+    raise CheckpointMismatch(
+        f"{', '.join(foreign)}: not a finished maelm_jax checkpoint (no "
+        f"{COMMIT_MARKERS[0]}); move it out of {checkpoint_dir(workdir)} and rerun")
+
+
+def _tree_metadata(path: str):
+  """{params: ..., opt_state: ...} of ArrayMetadata-like leaves (shape, dtype)."""
+  metadata = ocp.PyTreeCheckpointer().metadata(path)
+  return (metadata.item_metadata.tree if hasattr(metadata, "item_metadata")
+          else metadata.tree)
+
+
+def _flat_shapes(tree) -> dict[str, tuple]:
+  flat, _ = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))
+  out = {}
+  for path, leaf in flat:
+    keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+            for k in path]
+    out["/".join(keys)] = tuple(getattr(leaf, "shape", ()))
+  return out
+
+
+def tree_differences(saved, wanted, limit: int = 4) -> list[str]:
+  """What keeps `saved` (checkpoint metadata) from filling `wanted` (the abstract
+  tree of this run): missing / unexpected entries and shape changes."""
+  saved, wanted = _flat_shapes(saved), _flat_shapes(wanted)
+  missing = sorted(set(wanted) - set(saved))
+  extra = sorted(set(saved) - set(wanted))
+  shapes = sorted(k for k in set(saved) & set(wanted) if saved[k] != wanted[k])
+  out = []
+  for names, what in ((missing, "not in the checkpoint"),
+                      (extra, "in the checkpoint, not in this model"),):
+    if names:
+      more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+      out.append(f"{', '.join(names[:limit])}{more}: {what}")
+  for name in shapes[:limit]:
+    out.append(f"{name}: shape {saved[name]} in the checkpoint, {wanted[name]} here")
+  return out
 
 
 def make_manager(workdir: str, config) -> ocp.CheckpointManager:
@@ -72,25 +140,84 @@ def _quarantine(manager: ocp.CheckpointManager, step: int) -> str:
   return target
 
 
+def _everyone(ok: bool) -> bool:
+  """True only if `ok` on every process, so all hosts restore the same step."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(multihost_utils.process_allgather(np.int32(ok)).min())
+
+
+def _read_data_state(step_dir: str) -> None:
+  """Raises if the data item's files are missing or not JSON (grain writes one
+  JSON file per process)."""
+  directory = os.path.join(step_dir, "data")
+  names = [n for n in os.listdir(directory) if n.endswith(".json")]
+  if not names:
+    raise FileNotFoundError(f"no data-iterator state in {directory}")
+  for name in names:
+    with open(os.path.join(directory, name)) as f:
+      json.load(f)
+
+
 def restore_latest_good(manager: ocp.CheckpointManager, abstract_state,
-                        data_iterator):
+                        data_iterator, *, start_over: bool = False):
   """Restores the newest checkpoint that reads back completely.
 
-  A step whose files are truncated, corrupted or missing an item fails to
-  restore; it is moved aside as `<step>.corrupt` and the previous one is tried.
-  Returns (state, step), or (None, None) when no good checkpoint exists.
+  Only a checkpoint that fails to *read* (truncated or corrupt files, a missing
+  item) is moved aside as `<step>.corrupt`, never deleted, and the previous one
+  tried. One that reads but does not fit this run (parameter tree or shapes,
+  data-iterator format) raises `CheckpointMismatch` before anything is touched.
+  When checkpoints existed and none read, the run stops unless `start_over`.
+  Every process takes the same decision for every step.
+  Returns (state, step), or (None, None) for a fresh start.
   """
+  quarantined = []
   for step in sorted(manager.all_steps(), reverse=True):
+    step_dir = os.path.join(str(manager.directory), str(step))
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state),
-          data=grain.checkpoint.CheckpointRestore(data_iterator)))
-      return restored.state, step
+      saved_tree = _tree_metadata(os.path.join(step_dir, "state"))
+      _read_data_state(step_dir)
+      read_error = None
     except Exception as error:  # Orbax/tensorstore raise many types here.
-      moved = _quarantine(manager, step)
-      logging.error("checkpoint at step %d cannot be restored (%s: %s); moved "
-                    "it to %s and falling back to the previous one", step,
-                    type(error).__name__, str(error)[:500], moved)
+      read_error = error
+    if _everyone(read_error is None):
+      differences = tree_differences(saved_tree, abstract_state)
+      if differences:
+        raise CheckpointMismatch(
+            f"checkpoint {step_dir} does not fit this run's model (nothing was "
+            "changed): " + "; ".join(differences) + ". Resume it with the config it "
+            "was trained with (its workdir's config.json), or pass a new --workdir "
+            "(with --config.init_from=<this workdir> to start from its params)")
+      logging.info("restoring the checkpoint of step %d from %s...", step,
+                   manager.directory)
+      try:
+        state = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state))).state
+      except Exception as error:  # pylint: disable=broad-except
+        read_error = error
+    if _everyone(read_error is None):
+      try:
+        manager.restore(step, args=ocp.args.Composite(
+            data=grain.checkpoint.CheckpointRestore(data_iterator)))
+      except Exception as error:
+        raise CheckpointMismatch(
+            f"checkpoint {step_dir}: the data-iterator state does not fit this "
+            f"run's input pipeline ({type(error).__name__}: {str(error)[:200]}); "
+            "data.num_workers, data.num_streams, seq_len, batch_size or the "
+            "process count changed. Resume with the values in its config.json "
+            "(nothing was changed)") from error
+      return state, step
+    moved = _quarantine(manager, step)
+    quarantined.append(moved)
+    logging.error("checkpoint at step %d cannot be restored (%s: %s); moved "
+                  "it to %s and falling back to the previous one", step,
+                  type(read_error).__name__ if read_error else "another process",
+                  str(read_error)[:500], moved)
+  if quarantined and not start_over:
+    raise CheckpointMismatch(
+        f"no checkpoint of {manager.directory} could be read (moved aside, not "
+        f"deleted: {', '.join(quarantined)}); not starting over by itself. "
+        "Pass --config.start_over=True to train from step 1 in this workdir")
   return None, None
 
 
@@ -107,12 +234,14 @@ class Pretrained:
 
 def restore_params(workdir: str, step: int | None = None,
                    collections: tuple[str, ...] | None = None,
-                   shardings: Any = None) -> tuple[Any, int]:
+                   shardings: Any = None, expected: Any = None) -> tuple[Any, int]:
   """Restores `state.params` (optionally only some top-level collections).
 
   Reads the checkpoint's own metadata for the target tree, so it works whatever
   mesh or process count wrote it; arrays come back as numpy unless `shardings`
-  (a tree matching the restored params) is given.
+  (a tree matching the restored params) is given. With `expected` (a tree of
+  shaped leaves) a checkpoint of another model raises `CheckpointMismatch` naming
+  the first differences, before any array is read.
   """
   step = latest_step(workdir) if step is None else step
   if step is None:
@@ -124,6 +253,12 @@ def restore_params(workdir: str, step: int | None = None,
   metadata = checkpointer.metadata(path)
   tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata.tree
   params_meta = tree["params"]
+  if expected is not None:
+    differences = tree_differences(params_meta, expected)
+    if differences:
+      raise CheckpointMismatch(
+          f"{workdir} (step {step}) holds another model: " + "; ".join(differences)
+          + ". Use a run of the same model (size, objective, decoder, vocabulary)")
   if collections is not None:
     missing = [c for c in collections if c not in params_meta]
     if missing:

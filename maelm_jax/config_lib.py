@@ -135,6 +135,7 @@ RESUMABLE_CHANGES = frozenset({
     "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
     "peak_flops_per_device", "nonfinite_policy", "allow_config_change",
+    "start_over", "dry_run",
     "data.num_workers", "data.tfds_data_dir", "tokenizer.path", "init_from",
 })
 
@@ -150,9 +151,30 @@ def _flatten(d, prefix=""):
   return out
 
 
-def config_differences(saved: dict, current: dict) -> list[str]:
-  """Keys (other than RESUMABLE_CHANGES) whose values differ, as 'key: a -> b'."""
+# Keys added after workdirs were first written, each with the value that does
+# what runs did before the key existed: a saved config.json without the key is
+# equal to a config with that value (so old workdirs still resume).
+ADDED_KEYS = {
+    "model.relative_bias_init": "normal",
+    "model.zero_init_residual": False,
+    "model.decoder_relative_position_bias": False,
+    "model.tie_embeddings": True,
+    "start_over": False,
+    "dry_run": False,
+    "data.on_bad_text": "warn",
+}
+
+
+# A fine-tuning run is fixed by everything, init_from included; only where it
+# runs may change.
+FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change"})
+
+
+def config_differences(saved: dict, current: dict,
+                       resumable=RESUMABLE_CHANGES) -> list[str]:
+  """Keys (other than `resumable`) whose values differ, as 'key: a -> b'."""
   saved, current = _flatten(saved), _flatten(current)
+  saved = {**{k: v for k, v in ADDED_KEYS.items() if k in current}, **saved}
   return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
           for key in sorted(set(saved) | set(current))
-          if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key)]
+          if key not in resumable and saved.get(key) != current.get(key)]

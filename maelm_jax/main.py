@@ -6,6 +6,9 @@
 
 import logging as pylogging
 import os
+import re
+import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -14,7 +17,50 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
                                 "configs/pretrain.py:objective=maelm,size=tiny",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer go.")
+flags.DEFINE_bool("verbose", False, "Print the full traceback of an error that "
+                  "maelm_jax reports in a line (bad config, input or workdir).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The types the project's own checks raise; raised from inside maelm_jax they are
+# a message for the user (what is wrong, the fix), not a bug.
+USER_ERROR_TYPES = (ValueError, FileNotFoundError, PermissionError, KeyError,
+                    FloatingPointError, TimeoutError, IsADirectoryError,
+                    FileExistsError, RuntimeError)
+
+
+def is_user_error(error: BaseException) -> bool:
+  """Raised by maelm_jax's own code (its innermost frame is in the package), as
+  opposed to an error inside JAX, orbax or Python that needs its traceback."""
+  if not isinstance(error, USER_ERROR_TYPES):
+    return False
+  frames = traceback.extract_tb(error.__traceback__)
+  return bool(frames) and frames[-1].filename.startswith(PACKAGE_DIR)
+
+
+def error_message(error: BaseException) -> str:
+  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+  return f"error: {text}\n(the traceback: rerun with --verbose)"
+
+
+def parse_flags(argv):
+  """absl's parser, with a misspelt or mistyped `--config.x` (which ml_collections
+  reports as a chained 50-line traceback) said in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as error:
+    text = str(error.args[0]) if error.args else str(error)
+    text = " ".join(text.replace("\\'", "'").replace("\\n", "\n").split())
+    misspelt = re.search(r"'(\w+)'.*Did you mean \"([\w.]+)\"", text)
+    if misspelt:
+      text = (f"--config has no key '{misspelt[1]}'; did you mean "
+              f"'{misspelt[2]}'?")
+    elif re.fullmatch(r"[\"']*\w+[\"']*", text):
+      text = f"--config has no key {text.strip(chr(34))}; see the config file for its keys"
+    if "--verbose" in argv:
+      raise
+    sys.stderr.write(f"error in the command line: {text}\n")
+    sys.exit(2)
 
 
 class _QuietLibraries(pylogging.Filter):
@@ -69,16 +115,24 @@ def main(argv):
                jax.process_count(), jax.devices())
   config = flags.FLAGS.config
   mode = config.get("mode", "pretrain")
-  if mode == "pretrain":
-    last = train.train_and_evaluate(config, flags.FLAGS.workdir)
-    if jax.process_index() == 0:
-      print(summary(flags.FLAGS.workdir, last), flush=True)
-  elif mode in ("glue", "squad"):
-    from maelm_jax.finetune import run as finetune_run
-    finetune_run.run(config, flags.FLAGS.workdir)
-  else:
+  if mode not in ("pretrain", "glue", "squad"):
     raise app.UsageError(f"config.mode={mode!r}: expected pretrain, glue or squad")
+  try:
+    if mode == "pretrain":
+      last = train.train_and_evaluate(config, flags.FLAGS.workdir)
+      if last.get("stopped_by") == "SIGINT":
+        sys.exit(130)  # Saved, but stopped by the user: a `&&` chain stops too.
+      if jax.process_index() == 0 and not last.get("dry_run"):
+        print(summary(flags.FLAGS.workdir, last), flush=True)
+    else:
+      from maelm_jax.finetune import run as finetune_run
+      finetune_run.run(config, flags.FLAGS.workdir)
+  except Exception as error:  # pylint: disable=broad-except
+    if flags.FLAGS.verbose or not is_user_error(error):
+      raise
+    sys.stderr.write(error_message(error) + "\n")
+    sys.exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -43,6 +43,32 @@ class MetricWriter:
       self._tb.close()
 
 
+def truncate_jsonl(path: str, last_step: int) -> None:
+  """Drops the records of steps after `last_step` (the step a run resumes from),
+  so that no step appears twice. A torn last line (the process died while
+  writing it) is dropped too; a broken line elsewhere is named, not guessed at."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = []
+  for number, line in enumerate(lines, 1):
+    try:
+      record = json.loads(line)
+    except ValueError:
+      if number == len(lines):
+        logging.warning("%s: dropping its torn last line (%r)", path, line[:80])
+        continue
+      raise ValueError(f"{path}, line {number}, is not JSON ({line[:80]!r}); "
+                       "delete or repair that line and rerun") from None
+    if record["step"] <= last_step:
+      kept.append(line if line.endswith("\n") else line + "\n")
+  if len(kept) != len(lines):
+    with open(path + ".tmp", "w") as f:
+      f.writelines(kept)
+    os.replace(path + ".tmp", path)
+
+
 def format_console(step: int, total: int, m: dict[str, float]) -> str:
   parts = [f"step {step}/{total}"]
   for key, fmt in (("train/loss", ".4f"), ("train/accuracy", ".3f"), ("lr", ".2e"),

@@ -1,14 +1,21 @@
-"""Knowing when to checkpoint and stop because the machine is being taken away.
+"""Knowing when to checkpoint and stop: the machine is being taken away
+(SIGTERM) or the user pressed Ctrl-C (SIGINT).
 
 Multi-host runs (JAX's coordination service is up) use JAX's preemption sync
 point through orbax: SIGTERM on any host is propagated to all, and they agree on
-one step at which everyone saves. A single process without the coordination
-service has nobody to agree with, and there JAX's service is absent, so a
-SIGTERM handler sets a flag that the loop reads at the next step boundary.
+one step at which everyone saves; a SIGINT is turned into a SIGTERM to this
+process, so it takes the same path. A single process without the coordination
+service has nobody to agree with, so the handlers set a flag that the loop reads
+at the next step boundary.
+
+The first SIGINT saves and stops like SIGTERM; a second one, while the save is
+still under way, aborts at once (KeyboardInterrupt), as a user pressing Ctrl-C
+twice expects.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 
 from absl import logging
@@ -20,24 +27,44 @@ class PreemptionWatcher:
   def __init__(self, manager):
     self._manager = manager
     self._use_jax = jax.distributed.is_initialized()
-    self._signalled = False
-    self._previous = None
-    if not self._use_jax:
-      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+    self.signal_name = None  # 'SIGTERM' or 'SIGINT' once one arrived.
+    self._previous = {}
+    wanted = [signal.SIGINT] if self._use_jax else [signal.SIGTERM, signal.SIGINT]
+    for signum in wanted:
+      # A SIGINT ignored at start (a background job of a script) stays ignored,
+      # as the shell intended; handlers can only be set from the main thread.
+      if signal.getsignal(signum) is signal.SIG_IGN:
+        continue
+      try:
+        self._previous[signum] = signal.signal(signum, self._on_signal)
+      except ValueError:
+        logging.warning("not in the main thread: %s will not save a checkpoint",
+                        signal.Signals(signum).name)
 
-  def _on_sigterm(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM: will checkpoint at the next step boundary and exit")
-    self._signalled = True
+  def _on_signal(self, signum, frame):
+    del frame
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+      if self.signal_name == "SIGINT":  # The second Ctrl-C: abort now.
+        raise KeyboardInterrupt
+      logging.warning("SIGINT (Ctrl-C): saving a checkpoint at the next step "
+                      "boundary, then stopping; press Ctrl-C again to abort "
+                      "without saving")
+      self.signal_name = "SIGINT"
+      if self._use_jax:  # Let JAX agree on the step with the other hosts.
+        os.kill(os.getpid(), signal.SIGTERM)
+      return
+    logging.warning("%s: will checkpoint at the next step boundary and exit", name)
+    self.signal_name = self.signal_name or name
 
   def reached(self, step: int) -> bool:
     """Call after every step; True means: save now and exit."""
     if self._use_jax:
       return self._manager.reached_preemption(step)
-    return self._signalled
+    return self.signal_name is not None
 
   def close(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
-
+    for signum, previous in self._previous.items():
+      if previous is not None:
+        signal.signal(signum, previous)
+    self._previous = {}

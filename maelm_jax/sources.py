@@ -33,13 +33,14 @@ import functools
 import glob
 import gzip
 import importlib
-import io
 import json
 import lzma
 import os
 import re
 from typing import Any, Protocol
+import zlib
 
+from absl import logging
 import grain
 import numpy as np
 
@@ -230,51 +231,94 @@ def strip_gutenberg_boilerplate(lines: Sequence[str]) -> Sequence[str]:
   return lines[begin:end]
 
 
-def _open_text(path: str) -> io.TextIOBase:
-  """Opens a possibly compressed UTF-8 file (compression from the suffix)."""
-  kwargs = dict(encoding="utf-8", errors="replace")
-  if path.endswith(".gz"):
-    return gzip.open(path, "rt", **kwargs)
-  if path.endswith(".xz"):
-    return lzma.open(path, "rt", **kwargs)
-  if path.endswith(".bz2"):
-    return bz2.open(path, "rt", **kwargs)
-  return open(path, "rt", **kwargs)
+# A file with NUL bytes, or with more than this share of its bytes not UTF-8,
+# is not text (a binary file, another encoding): it is skipped with a warning,
+# or refused under data.on_bad_text='stop'. Fewer bad bytes (a stray latin-1
+# character) are replaced by U+FFFD, with a warning naming the file and line.
+NOT_TEXT_FRACTION = 0.01
+BAD_TEXT_POLICIES = ("warn", "stop")
 
 
-def _jsonl_documents(path: str, text_field: str) -> Iterator[str]:
-  with _open_text(path) as f:
-    for line_number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{line_number}"
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where} is not valid JSON ({e.msg}); .jsonl files need "
-                         "one JSON object per line") from None
-      if not isinstance(obj, dict):
-        raise ValueError(f"{where} holds a JSON {type(obj).__name__}, not an "
-                         "object; .jsonl files need one JSON object per line")
-      try:
-        text = obj[text_field]
-      except KeyError:
-        raise ValueError(
-            f"{where} has no field {text_field!r} (its fields are "
-            f"{sorted(obj)}); set --config.data.text_field to the field that "
-            "holds the document text") from None
-      if not isinstance(text, str):
-        raise ValueError(f"{where}: field {text_field!r} is a "
-                         f"{type(text).__name__}, expected a string")
-      text = normalize_whitespace(text)
-      if text:
-        yield text
+def _read_bytes(path: str) -> bytes:
+  """The file's bytes, decompressed by suffix; a corrupt or truncated archive
+  is named with the file."""
+  opener = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
+      os.path.splitext(path)[1], open)
+  try:
+    with opener(path, "rb") as f:
+      return f.read()
+  except (OSError, EOFError, lzma.LZMAError, zlib.error) as error:
+    kind = os.path.splitext(path)[1] if opener is not open else "text"
+    raise ValueError(
+        f"{path} cannot be read ({type(error).__name__}: {error}); a corrupt or "
+        f"truncated {kind} file? Repair it or leave it out of --config.data.source"
+    ) from None
 
 
-def _plain_text_documents(path: str) -> Iterator[str]:
-  with _open_text(path) as f:
-    lines = f.read().splitlines()
-  return paragraphs(strip_gutenberg_boilerplate(lines))
+def _decode(path: str, data: bytes, on_bad_text: str) -> str | None:
+  """UTF-8 text of `data`, or None for a file skipped as not text."""
+  problem, line = None, 1
+  if b"\x00" in data:
+    line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+    problem = "it holds NUL bytes"
+    text = None
+  else:
+    try:
+      return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+      line = data.count(b"\n", 0, error.start) + 1
+      text = data.decode("utf-8", errors="replace")
+      bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+      if bad > NOT_TEXT_FRACTION * len(data):
+        problem = f"{bad} of its {len(data)} bytes are not UTF-8"
+      else:
+        logging.warning(
+            "%s, line %d: %d byte(s) are not UTF-8 and were replaced by U+FFFD "
+            "(latin-1 text? convert it with iconv -f latin1 -t utf-8); "
+            "--config.data.on_bad_text=stop refuses such files", path, line, bad)
+        return text
+  message = (f"{path} is not UTF-8 text ({problem}, the first at line {line}): a "
+             "binary file or another encoding; convert it (e.g. iconv -f latin1 -t "
+             "utf-8) or leave it out of --config.data.source")
+  if on_bad_text == "stop":
+    raise ValueError(message)
+  logging.warning("%s; skipped (--config.data.on_bad_text=stop makes this an "
+                  "error)", message)
+  return None
+
+
+def _jsonl_documents(path: str, text_field: str, on_bad_text: str) -> Iterator[str]:
+  text = _decode(path, _read_bytes(path), on_bad_text)
+  for line_number, line in enumerate((text or "").splitlines(), 1):
+    if not line.strip():
+      continue
+    where = f"{path}:{line_number}"
+    try:
+      obj = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{where} is not valid JSON ({e.msg}); .jsonl files need "
+                       "one JSON object per line") from None
+    if not isinstance(obj, dict):
+      raise ValueError(f"{where} holds a JSON {type(obj).__name__}, not an "
+                       "object; .jsonl files need one JSON object per line")
+    try:
+      text_value = obj[text_field]
+    except KeyError:
+      raise ValueError(
+          f"{where} has no field {text_field!r} (its fields are "
+          f"{sorted(obj)}); set --config.data.text_field to the field that "
+          "holds the document text") from None
+    if not isinstance(text_value, str):
+      raise ValueError(f"{where}: field {text_field!r} is a "
+                       f"{type(text_value).__name__}, expected a string")
+    text_value = normalize_whitespace(text_value)
+    if text_value:
+      yield text_value
+
+
+def _plain_text_documents(path: str, on_bad_text: str) -> Iterator[str]:
+  text = _decode(path, _read_bytes(path), on_bad_text)
+  return paragraphs(strip_gutenberg_boilerplate((text or "").splitlines()))
 
 
 def text_files(patterns: str) -> list[str]:
@@ -301,7 +345,7 @@ def text_files(patterns: str) -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _read_text_corpus(files: tuple[tuple[str, int, int], ...],
-                      text_field: str) -> _PackedTexts:
+                      text_field: str, on_bad_text: str = "warn") -> _PackedTexts:
   """Parses `files` ((path, mtime_ns, size) triples) into documents.
 
   Cached because a run opens the same corpus twice (train and eval); the
@@ -310,19 +354,23 @@ def _read_text_corpus(files: tuple[tuple[str, int, int], ...],
   def documents():
     for path, _, _ in files:
       if path.endswith(_JSONL_SUFFIXES):
-        yield from _jsonl_documents(path, text_field)
+        yield from _jsonl_documents(path, text_field, on_bad_text)
       else:
-        yield from _plain_text_documents(path)
+        yield from _plain_text_documents(path, on_bad_text)
 
   return _PackedTexts(documents())
 
 
-def _text_documents(patterns: str, text_field: str) -> tuple[_PackedTexts, str]:
+def _text_documents(patterns: str, text_field: str,
+                    on_bad_text: str = "warn") -> tuple[_PackedTexts, str]:
+  if on_bad_text not in BAD_TEXT_POLICIES:
+    raise ValueError(f"data.on_bad_text={on_bad_text!r} must be one of "
+                     f"{BAD_TEXT_POLICIES}")
   files = text_files(patterns)
   stats = [os.stat(path) for path in files]
   packed = _read_text_corpus(
       tuple((path, st.st_mtime_ns, st.st_size) for path, st in zip(files, stats)),
-      text_field)
+      text_field, on_bad_text)
   description = f"text:{patterns} ({len(files)} files)"
   if not len(packed):
     raise ValueError(f"{description} contains no text: every file is empty or "
@@ -423,7 +471,8 @@ def _tfds_source(name: str, split: str, eval_fraction: float, text_field: str,
 
 def open_source(spec: str, split: str, *, eval_fraction: float = 0.01,
                 text_field: str = "text",
-                tfds_data_dir: str | None = None) -> DocumentSource:
+                tfds_data_dir: str | None = None,
+                on_bad_text: str = "warn") -> DocumentSource:
   """Opens split `split` ("train" or "eval") of the corpus named by `spec`.
 
   Args:
@@ -433,6 +482,8 @@ def open_source(spec: str, split: str, *, eval_fraction: float = 0.01,
       validation split of its own.
     text_field: JSON / TFDS feature holding the document text.
     tfds_data_dir: TFDS data_dir ("" or None: the TFDS default).
+    on_bad_text: a `text:` file that is not UTF-8 text is skipped with a
+      warning ("warn") or refused ("stop"); see `NOT_TEXT_FRACTION`.
 
   Returns:
     A `DocumentSource` of whitespace-normalised, non-empty documents (TFDS
@@ -448,7 +499,7 @@ def open_source(spec: str, split: str, *, eval_fraction: float = 0.01,
     source = _tfds_source(rest.strip(), split, eval_fraction, text_field,
                           tfds_data_dir or None)
   elif scheme == "text" and sep and rest.strip():
-    documents, description = _text_documents(rest.strip(), text_field)
+    documents, description = _text_documents(rest.strip(), text_field, on_bad_text)
     source = DocumentSource(documents, description=description, split=split,
                             stride=stride)
   elif scheme == "pydoc" and not rest.strip():

@@ -28,7 +28,7 @@ import numpy as np
 from maelm_jax import (baselines, checkpoints, config_lib, corpus_report, flops,
                        metric_writers, pipeline, plots,
                        preemption, sharding, sources, tokenizer as tokenizer_lib,
-                       train_lib)
+                       train_lib, workdir as workdir_lib)
 from maelm_jax.model import ModelConfig
 
 
@@ -66,19 +66,11 @@ def check_corpus_fills_a_batch(source, tokenizer, seq_len, batch_size, what) -> 
 
 
 def prepare_workdir(config, workdir: str) -> None:
-  """Creates the workdir, or checks that an existing one belongs to this config."""
-  if "://" in workdir:
-    raise ValueError(f"--workdir={workdir}: URLs are not supported (metrics, logs and "
-                     "the tokenizer are written with local file I/O); mount the bucket "
-                     "(e.g. gcsfuse) and pass the mounted path")
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as error:
-    raise PermissionError(f"cannot create workdir {workdir} ({error}); pass a "
-                          "writable --workdir") from error
-  if not os.access(workdir, os.W_OK | os.X_OK):
-    raise PermissionError(f"workdir {workdir} is not writable; pass a writable "
-                          "--workdir")
+  """Creates the workdir, or checks that an existing one belongs to this config
+  (its mode, its config, its checkpoints folder). Writes nothing into it."""
+  workdir_lib.create(workdir)
+  workdir_lib.check_mode(workdir, "pretrain")
+  checkpoints.check_no_foreign_steps(workdir)
   saved_path = os.path.join(workdir, "config.json")
   if os.path.exists(saved_path) and not config.allow_config_change:
     with open(saved_path) as f:
@@ -113,18 +105,7 @@ def write_config(config, workdir) -> None:
 
 
 def truncate_metrics(workdir: str, last_step: int) -> None:
-  """Drops records logged after the checkpoint a run resumes from, so that no
-  step appears twice in metrics.jsonl."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
-  kept = [line for line in lines if json.loads(line)["step"] <= last_step]
-  if len(kept) != len(lines):
-    with open(path + ".tmp", "w") as f:
-      f.writelines(kept)
-    os.replace(path + ".tmp", path)
+  metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"), last_step)
 
 
 # --------------------------------------------------------------------------
@@ -172,6 +153,9 @@ def evaluate_baselines(config, model_cfg, train_source, tokenizer, eval_ds, mesh
   seeded pass over the training split, read whole by every process, so every
   process holds the same tables.
   """
+  started = time.perf_counter()
+  logging.info("baselines: counting unigram and bigram tables on %d training "
+               "tokens, then scoring the held-out positions...", config.baseline_tokens)
   rows = pipeline.make_pretrain_dataset(
       train_source, tokenizer, seq_len=config.seq_len, batch_size=64,
       seed=config.seed, shuffle=True, repeat=False)
@@ -188,9 +172,10 @@ def evaluate_baselines(config, model_cfg, train_source, tokenizer, eval_ds, mesh
       lambda batch, index: step(batch, eval_rng, index, log_probs, bigram_next),
       eval_ds, mesh, config.eval_batches)
   out = baselines.baseline_metrics(totals)
-  logging.info("baselines on %d held-out [MASK] positions (tables from %d training "
-               "tokens; most frequent piece %r): unigram accuracy %.2f%%, unigram "
-               "loss %.3f, bigram accuracy %.2f%%", totals["mask_weight"],
+  logging.info("baselines (%.1fs) on %d held-out [MASK] positions (tables from %d "
+               "training tokens; most frequent piece %r): unigram accuracy %.2f%%, "
+               "unigram loss %.3f, bigram accuracy %.2f%%",
+               time.perf_counter() - started, totals["mask_weight"],
                tables.num_tokens, tokenizer.id_to_piece(tables.unigram_argmax),
                100 * out["eval/unigram_accuracy"], out["eval/unigram_loss"],
                100 * out["eval/bigram_accuracy"])
@@ -216,16 +201,8 @@ def _all_processes_have(flag: bool) -> bool:
 def load_init_from(config, state, state_shardings):
   """Params of another run (`init_from`) in this run's sharding; fresh optimizer."""
   params, step = checkpoints.restore_params(config.init_from,
-                                            shardings=state_shardings.params)
-  ours = jax.tree_util.tree_structure(state.params)
-  if jax.tree_util.tree_structure(params) != ours:
-    raise ValueError(f"init_from={config.init_from} has a different parameter tree "
-                     "(other objective/decoder?); use a run of the same model")
-  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                          jax.tree.leaves(state.params)):
-    if a.shape != b.shape:
-      raise ValueError(f"init_from={config.init_from}: {jax.tree_util.keystr(path)} "
-                       f"has shape {a.shape}, this model needs {b.shape}")
+                                            shardings=state_shardings.params,
+                                            expected=state.params)
   logging.info("initialised params from step %d of %s", step, config.init_from)
   return state.replace(params=params)
 
@@ -233,13 +210,82 @@ def load_init_from(config, state, state_shardings):
 # --------------------------------------------------------------------------
 # The loop.
 # --------------------------------------------------------------------------
+def describe_launch(config, workdir: str) -> list[str]:
+  """What a launch would do, decided without reading the corpus, compiling or
+  writing anything (`--config.dry_run=True`): model, masks, FLOPs, mesh, data,
+  and the workdir's state."""
+  mesh = sharding.make_mesh(config.mesh_shape)
+  check_batch_fits_mesh(config, mesh)
+  own = os.path.join(workdir, "tokenizer.model")
+  given = tokenizer_path_for(config, workdir) if os.path.isdir(workdir) else (
+      config.tokenizer.path or None)
+  for path in (own, given):
+    if path and os.path.exists(path):
+      tokenizer = tokenizer_lib.Tokenizer(path)
+      vocab, mask_id, vocab_from = tokenizer.vocab_size, tokenizer.mask_id, path
+      break
+  else:
+    vocab, mask_id = config.tokenizer.vocab_size, 4
+    vocab_from = "to be trained into the workdir"
+  model_cfg = ModelConfig.from_config(config.model, vocab, mask_id)
+  tx = train_lib.make_optimizer(config)
+  abstract, _ = train_lib.abstract_sharded_state(model_cfg, config.seq_len, tx, mesh)
+  sizes = {k: sum(x.size for x in jax.tree.leaves(v))
+           for k, v in abstract.params.items()}
+  encoder = sum(sizes.get(k, 0) for k in ("token_embed", "encoder"))
+  step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+  spec = config.data.source
+  if spec.startswith("text:"):
+    files = sources.text_files(spec[len("text:"):])
+    data = (f"{spec} ({len(files)} files, "
+            f"{sum(os.path.getsize(f) for f in files) / 1e6:.1f} MB on disk)")
+  else:
+    data = spec
+  if not os.path.isdir(workdir):
+    state = "new (will be created)"
+  else:
+    try:
+      prepare_workdir(config, workdir)
+      step = checkpoints.latest_step(workdir)
+      state = (f"resumable at step {step}" if step is not None else
+               "exists, no checkpoint: starts at step 1")
+    except ValueError as error:
+      state = f"REFUSED: {error}"
+  return [
+      f"dry run: nothing trained, nothing written",
+      f"  model      {config.model.objective}/{config.model.size}: "
+      f"{sum(sizes.values()) / 1e6:.2f}M parameters ({encoder / 1e6:.2f}M kept for "
+      f"fine-tuning: token_embed + encoder); vocabulary {vocab} ({vocab_from})",
+      f"  masks      {model_cfg.mask_counts(config.seq_len)}",
+      f"  compute    {step_flops:.3g} train FLOPs/step x {config.total_steps} steps = "
+      f"{step_flops * config.total_steps:.3g} FLOPs; batch {config.batch_size} x "
+      f"{config.seq_len} tokens",
+      f"  mesh       {dict(mesh.shape)} over {jax.device_count()} devices "
+      f"({jax.process_count()} processes)",
+      f"  data       {data}",
+      f"  workdir    {os.path.abspath(workdir)}: {state}",
+  ]
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Pretrains per `config` into `workdir`; returns the last logged metrics."""
-  # ---------------------------------------------------------------- Set-up --
   config = config_lib.resolve(config)
   config_lib.validate(config)
-  is_main = jax.process_index() == 0
+  if config.get("dry_run", False):
+    lines = describe_launch(config, workdir)
+    if jax.process_index() == 0:
+      print("\n".join(lines), flush=True)
+    return {"dry_run": True}
   prepare_workdir(config, workdir)
+  if jax.process_index() != 0:
+    return _train_and_evaluate(config, workdir)
+  with workdir_lib.Lock(workdir):  # One live run per workdir.
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  # ---------------------------------------------------------------- Set-up --
+  is_main = jax.process_index() == 0
   mesh = sharding.make_mesh(config.mesh_shape)
   check_batch_fits_mesh(config, mesh)
   logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape),
@@ -248,7 +294,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # ------------------------------------------------------ Data & tokenizer --
   source_kwargs = dict(eval_fraction=config.data.eval_fraction,
                        text_field=config.data.text_field,
-                       tfds_data_dir=config.data.tfds_data_dir or None)
+                       tfds_data_dir=config.data.tfds_data_dir or None,
+                       on_bad_text=config.data.get("on_bad_text", "warn"))
   train_source = sources.open_source(config.data.source, "train", **source_kwargs)
   eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
   tokenizer_path = tokenizer_path_for(config, workdir)
@@ -266,7 +313,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     check_corpus_fills_a_batch(source, tokenizer, config.seq_len, config.batch_size,
                                split)
   if is_main:
+    started = time.perf_counter()
+    logging.info("corpus report: reading the %d training documents...", len(train_source))
     stats = corpus_report.report(train_source, tokenizer)
+    logging.info("corpus report done in %.1fs", time.perf_counter() - started)
     for line in corpus_report.describe(stats, "train"):
       (logging.warning if line.startswith("WARNING") else logging.info)(line)
     with open(os.path.join(workdir, "corpus_report.json"), "w") as f:
@@ -282,40 +332,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_iter = iter(dataset(train_source, seed=config.seed, shuffle=True,
                             repeat=True, num_workers=config.data.num_workers))
   eval_ds = dataset(eval_source, seed=config.seed, shuffle=False, repeat=False)
-  if is_main:
-    write_config(config, workdir)
 
   # ------------------------------------------- Model, optimizer, sharded state --
   model_cfg = ModelConfig.from_config(config.model, tokenizer.vocab_size,
                                       tokenizer.mask_id)
   tx = train_lib.make_optimizer(config)
-  state, state_shardings = train_lib.create_sharded_state(
-      model_cfg, config.seq_len, tx, mesh, config.seed)
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  abstract_state, state_shardings = train_lib.abstract_sharded_state(
+      model_cfg, config.seq_len, tx, mesh)
+  num_params = sum(x.size for x in jax.tree.leaves(abstract_state.params))
   logging.info("model %s/%s: %.2fM parameters; %s", config.model.objective,
                config.model.size, num_params / 1e6, model_cfg.mask_counts(config.seq_len))
+
+  # ------------------------------------------------ Checkpoints and resume --
+  # Order: this workdir's newest good checkpoint (restored straight into the
+  # sharded abstract state), else init_from, else fresh. config.json is written
+  # only once the run is known to fit the workdir.
+  manager = checkpoints.make_manager(workdir, config)
+  state, restored_step = checkpoints.restore_latest_good(
+      manager, abstract_state, train_iter, start_over=config.get("start_over", False))
+  if is_main:  # Records after the step the run starts from are redone.
+    truncate_metrics(workdir, restored_step or 0)
+  if state is not None:
+    logging.info("resumed from %s at step %d", manager.directory, restored_step)
+  else:
+    state, _ = train_lib.create_sharded_state(model_cfg, config.seq_len, tx, mesh,
+                                              config.seed)
+    if config.init_from:
+      state = load_init_from(config, state, state_shardings)
+  if is_main:
+    write_config(config, workdir)
   train_step, eval_step = train_lib.jit_steps(model_cfg, config.seq_len, tx, mesh,
                                               state_shardings,
                                               config.grad_accum_steps)
   eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
   eval_baselines = evaluate_baselines(config, model_cfg, train_source, tokenizer,
                                       eval_ds, mesh, eval_rng)
-
-  # ------------------------------------------------ Checkpoints and resume --
-  # Order: this workdir's newest good checkpoint, else init_from, else fresh.
-  manager = checkpoints.make_manager(workdir, config)
-  abstract_state = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      state, state_shardings)
-  restored, restored_step = checkpoints.restore_latest_good(manager, abstract_state,
-                                                            train_iter)
-  if restored is not None:
-    state = restored
-    logging.info("resumed from %s at step %d", manager.directory, restored_step)
-    if is_main:
-      truncate_metrics(workdir, restored_step)
-  elif config.init_from:
-    state = load_init_from(config, state, state_shardings)
 
   # ------------------------------------------------------------- Train loop --
   writer = metric_writers.MetricWriter(workdir, is_main)
@@ -332,6 +383,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   try:
     for step in range(start_step + 1, config.total_steps + 1):
       batch = sharding.global_batch(mesh, next(train_iter))
+      if timer_start is None:
+        logging.info("compiling the train step and running step %d...", step)
+        compile_start = time.perf_counter()
       state, metrics = train_step(state, batch)
       # At most two steps in flight: wait for the previous one (the host still
       # prepares the next batch while this one runs). An unbounded queue of
@@ -342,6 +396,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       in_flight = metrics
       if timer_start is None:  # Leave compilation out of the throughput.
         jax.block_until_ready(metrics)
+        logging.info("step %d done in %.1fs (compilation included); training",
+                     step, time.perf_counter() - compile_start)
         timer_start, timed_steps = time.perf_counter(), 0
       else:
         timed_steps += 1
@@ -384,9 +440,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
       if watcher.reached(step):
         checkpoints.save(manager, step, state, train_iter)
-        logging.warning("preempted: saved a checkpoint at step %d in %s; run the "
-                        "same command to resume", step, manager.directory)
+        logging.warning("%s: saved a checkpoint at step %d in %s; run the "
+                        "same command to resume",
+                        "interrupted (Ctrl-C)" if watcher.signal_name == "SIGINT"
+                        else "preempted", step, manager.directory)
         last["preempted_at_step"] = step
+        last["stopped_by"] = watcher.signal_name or "SIGTERM"
         break
       if step % config.checkpoint_every == 0 or is_last:
         checkpoints.save(manager, step, state, train_iter)

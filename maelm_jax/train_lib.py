@@ -66,6 +66,18 @@ def _dummy_masks(cfg: ModelConfig, seq_len: int, batch: int = 1) -> masking.Mask
                             vocab_size=cfg.vocab_size)
 
 
+def abstract_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh):
+  """The train state's shapes, dtypes and shardings, with nothing allocated:
+  what a checkpoint is restored into (resume never builds a fresh state first).
+  Returns (abstract_state, state_shardings)."""
+  init, shardings = _state_init(model_cfg, seq_len, tx, mesh)
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    abstract = jax.eval_shape(init, jnp.uint32(0))
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract, shardings)
+  return abstract, shardings
+
+
 def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: int):
   """Builds the train state already sharded over `mesh`.
 
@@ -73,6 +85,14 @@ def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: i
   out_shardings, so no parameter is ever materialised on a single device.
   Returns (state, state_shardings).
   """
+  init, shardings = _state_init(model_cfg, seq_len, tx, mesh)
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    state = jax.jit(init, out_shardings=shardings)(jnp.uint32(seed))
+  return state, shardings
+
+
+def _state_init(model_cfg: ModelConfig, seq_len: int, tx, mesh):
+  """(init(seed) -> TrainState, the state's shardings)."""
   model = MaskedLM(model_cfg)
 
   def init_boxed(rng):
@@ -102,8 +122,7 @@ def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: i
                         rng=state_rng, nonfinite_count=zero,
                         last_nonfinite_step=zero)
 
-    state = jax.jit(init, out_shardings=shardings)(jnp.uint32(seed))
-  return state, shardings
+  return init, shardings
 
 
 def _split_microbatches(tree, num_micro: int):

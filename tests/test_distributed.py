@@ -368,12 +368,17 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
 
 def test_tpu_pod_relaunch_and_errors():
   out = run_script([TPU_POD_SH, "--tpu", "t", "--zone", "z", "--skip_copy",
-                    "--skip_install", "--detach", "--dry_run", "--", "--workdir=rel"])
+                    "--skip_install", "--detach", "--dry_run", "--", "--workdir=/w"])
   assert out.returncode == 0, out.stderr
   lines = commands(out.stdout)
   assert len(lines) == 1 and "--project" not in " ".join(lines[0])
   assert "nohup" in lines[0][-1] and "~/maelm-jax.log" in lines[0][-1]
-  assert "is relative" in out.stderr
+  # A workdir the next launch's `rm -rf ~/maelm-jax` would delete is refused.
+  for workdir in ("rel", "/home/me/maelm-jax/run", "/home/me/maelm-jax"):
+    out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--",
+                      f"--workdir={workdir}"])
+    assert out.returncode == 2 and "deletes" in out.stderr, (workdir, out.stderr)
+    assert out.stdout == ""  # Nothing printed to run.
   out = run_script([TPU_POD_SH, "--zone=z", "--dry_run", "--", "--workdir=/w"])
   assert out.returncode == 2 and "--tpu=NAME is required" in out.stderr
   out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--", "--config=c"])

@@ -329,6 +329,29 @@ def test_sweep_runs_the_grid_resumes_and_reports(tmp_path, pretrained, monkeypat
     patch.setattr(run, "run", lambda *a, **k: pytest.fail("re-ran a finished run"))
     assert sweep.run_grid(points, str(sweep_dir)) == directories
 
+  # The same grid from another pretrained model: the finished runs are not its
+  # results, so the sweep stops before running anything, naming the change.
+  other = sweep.grid_configs(str(REPO / "configs" / "glue.py"), ["stsb"],
+                             {**overrides, "init_from": str(tmp_path / "other")},
+                             [1e-3], [1, 2])
+  results_before = [open(os.path.join(d, "eval_results.json")).read()
+                    for d in directories]
+  with monkeypatch.context() as patch:
+    patch.setattr(run, "run", lambda *a, **k: pytest.fail("ran a stale grid"))
+    with pytest.raises(ValueError, match=r"2 run\(s\) .* another config(.|\n)*"
+                       r"init_from: '.*' -> '.*other'"):
+      sweep.run_grid(other, str(sweep_dir))
+  assert [open(os.path.join(d, "eval_results.json")).read()
+          for d in directories] == results_before
+  # Re-running one finished fine-tune by hand starts it over: its records are
+  # rewritten, not appended a second time.
+  def records():
+    return [sorted(json.loads(line)) + [json.loads(line)["step"]]
+            for line in open(os.path.join(directories[0], "metrics.jsonl"))]
+  first = records()
+  run.run(points[0][3], directories[0])
+  assert records() == first
+
   # The command line's report (no JAX work: it only reads the results).
   cmd = [sys.executable, "-m", "maelm_jax.finetune.sweep", "--report_only",
          f"--sweep_dir={sweep_dir}"]
@@ -459,6 +482,7 @@ def no_compile(monkeypatch):
 def fake_pretraining_workdir(path, max_positions=64):
   """Just enough of a pretraining workdir for the checks before loading."""
   (path / "checkpoints" / "2").mkdir(parents=True)
+  (path / "checkpoints" / "2" / "_CHECKPOINT_METADATA").write_text("{}")  # Finished.
   (path / "config.json").write_text(json.dumps({"model": {"max_positions":
                                                           max_positions}}))
   return path

@@ -265,6 +265,13 @@ def test_unknown_label_names_file_line_and_labels(tmp_path):
     glue_data.read_tsv(glue_data.get_task("rte"), str(path))
 
 
+def test_a_non_utf8_tsv_is_named_with_its_line(tmp_path):
+  path = tmp_path / "dev.tsv"
+  path.write_bytes("sentence\tlabel\nfine\t1\nun caf\xe9\t0\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"dev.tsv, line 3: not UTF-8"):
+    glue_data.read_tsv(glue_data.get_task("sst2"), str(path))
+
+
 def test_wrong_directory_and_missing_files_are_explained(glue_root, tmp_path):
   rte = glue_data.get_task("rte")
   with pytest.raises(FileNotFoundError, match="nor a RTE/ directory"):

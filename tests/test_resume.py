@@ -227,7 +227,9 @@ def test_unknown_config_key_is_a_clear_error(tmp_path):
                         "--config.model.mask_rate=0.3"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode != 0
-  assert "mask_rate" in out.stderr and 'Did you mean "mask_ratio"' in out.stderr
+  assert out.stderr.strip().splitlines() == [
+      "error in the command line: --config has no key 'mask_rate'; did you mean "
+      "'mask_ratio'?"]
 
 
 def test_missing_data_and_unwritable_workdir(tmp_path):

@@ -97,6 +97,46 @@ def test_compressed_text(tmp_path, suffix, opener):
   assert _all(held_out) == [PARAGRAPHS[1], PARAGRAPHS[3]]
 
 
+def test_bad_text_files_are_named_skipped_or_refused(tmp_path, caplog):
+  """A binary file, a mostly-latin-1 file and a stray latin-1 byte, beside a
+  good file: named with file and line, never decoded into garbage silently."""
+  good = "\n\n".join(f"Good paragraph {i} of plain English text." for i in range(6))
+  (tmp_path / "a_good.txt").write_text(good)
+  (tmp_path / "b_binary.dat").write_bytes(b"GIF89a\x00\x01\x02" * 50)
+  (tmp_path / "c_latin1.txt").write_bytes("\n\n".join(
+      ["An English paragraph.", "Le café était très agréable à Noël."] * 4
+  ).encode("latin-1"))
+  stray = ("\n\n".join(f"Stray paragraph {i}, plain text." for i in range(40))
+           + "\n\nOne caf\xe9 here.").encode("latin-1")
+  (tmp_path / "d_stray.txt").write_bytes(stray)
+  caplog.set_level("WARNING")
+  train, held_out = _both_splits(f"text:{tmp_path}/*", eval_fraction=0.5)
+  documents = _all(train) + _all(held_out)
+  warnings = caplog.text
+  assert f"{tmp_path}/b_binary.dat is not UTF-8 text (it holds NUL bytes" in warnings
+  assert f"{tmp_path}/c_latin1.txt is not UTF-8 text" in warnings
+  assert "skipped" in warnings
+  assert f"{tmp_path}/d_stray.txt, line 81: 1 byte(s) are not UTF-8" in warnings
+  assert not any("GIF" in d or "caf\ufffd \u00e9tait" in d for d in documents)
+  assert "One caf\ufffd here." in documents  # Replaced, and said so.
+  assert sum("Good paragraph" in d for d in documents) == 6
+  with pytest.raises(ValueError, match=r"b_binary.dat is not UTF-8 text"):
+    sources._text_documents(f"{tmp_path}/b_*", "text", on_bad_text="stop")
+  with pytest.raises(ValueError, match="on_bad_text='ignore' must be one of"):
+    sources._text_documents(f"{tmp_path}/a_*", "text", on_bad_text="ignore")
+
+
+@pytest.mark.parametrize("suffix, opener", [
+    (".txt.gz", gzip.open), (".txt.xz", lzma.open), (".jsonl.gz", gzip.open)])
+def test_truncated_archives_are_named(tmp_path, suffix, opener):
+  path = tmp_path / f"a{suffix}"
+  with opener(path, "wt") as f:
+    f.write("\n\n".join(json.dumps({"text": f"document {i}"}) for i in range(2000)))
+  path.write_bytes(path.read_bytes()[:200])
+  with pytest.raises(ValueError, match=rf"{path} cannot be read .*corrupt or truncated"):
+    sources.open_source(f"text:{path}", "train")
+
+
 def test_windows_line_endings(tmp_path):
   (tmp_path / "a.txt").write_bytes(b"one\r\ntwo\r\n\r\nthree\r\n")
   train, held_out = _both_splits(f"text:{tmp_path}/a.txt", eval_fraction=0.5)

@@ -114,6 +114,13 @@ def test_reads_official_json_of_both_versions(tmp_path):
                                                                "a2": []}
   with pytest.raises(FileNotFoundError, match="--config.data.eval_file"):
     squad_data.read_squad_json(str(tmp_path / "missing.json"))
+  # A question without its 'question' field: file, place and field named.
+  broken = json.loads(json.dumps(V20_FILE))
+  del broken["data"][0]["paragraphs"][0]["qas"][1]["question"]
+  path.write_text(json.dumps(broken))
+  with pytest.raises(ValueError, match=r"dev-v2.0.json: data\[0\]\.paragraphs\[0\]"
+                     r"\.qas\[1\] \(after 1 questions\) lacks the field 'question'"):
+    squad_data.read_squad_json(str(path))
 
 
 def test_reads_tfds_records(monkeypatch):

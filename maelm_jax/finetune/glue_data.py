@@ -141,8 +141,14 @@ class GlueExample:
 
 def _read_rows(path: str) -> list[list[str]]:
   # utf-8-sig drops MRPC's byte-order mark; QUOTE_NONE keeps bare quotes as text.
-  with open(path, encoding="utf-8-sig", newline="") as f:
-    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  try:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+      rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  except UnicodeDecodeError as error:
+    with open(path, "rb") as f:
+      line = f.read()[:error.start].count(b"\n") + 1
+    raise ValueError(f"{path}, line {line}: not UTF-8 ({error.reason}); GLUE files "
+                     "are UTF-8: convert it (e.g. iconv -f latin1 -t utf-8)") from None
   return [row for row in rows if row and any(cell.strip() for cell in row)]
 
 

@@ -45,7 +45,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from maelm_jax import checkpoints, metric_writers, sharding, train_lib
+from maelm_jax import (checkpoints, config_lib, metric_writers, sharding,
+                       train_lib, workdir as workdir_lib)
 from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 
@@ -462,13 +463,39 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                      "'squad' (configs/glue.py, configs/squad.py)")
   validate(config)
   is_main = jax.process_index() == 0
+  workdir_lib.create(workdir)
+  workdir_lib.check_mode(workdir, config.mode, config.init_from)
+  check_same_run(config, workdir)
   mesh = sharding.make_mesh(config.mesh_shape)
   check_fits_mesh(config, mesh)
   check_pretrained(config)
   problem = GlueProblem(config) if config.mode == "glue" else SquadProblem(config)
-  os.makedirs(workdir, exist_ok=True)
-  if not os.access(workdir, os.W_OK):
-    raise PermissionError(f"workdir {workdir} is not writable; pass another --workdir")
+  if not is_main:
+    return _run(config, workdir, problem, mesh)
+  with workdir_lib.Lock(workdir):  # One live run per workdir.
+    return _run(config, workdir, problem, mesh)
+
+
+def check_same_run(config, workdir: str) -> None:
+  """A fine-tuning workdir is one run: starting it again (same config) starts it
+  over; another config (another init_from, task, learning rate...) is refused,
+  so that results of different runs never mix."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  differences = config_lib.config_differences(
+      saved, json.loads(config.to_json_best_effort()),
+      resumable=config_lib.FINETUNE_RESUMABLE_CHANGES)
+  if differences:
+    raise workdir_lib.WorkdirError(
+        f"workdir {workdir} holds a fine-tuning run with another config:\n  "
+        + "\n  ".join(differences) + "\nPass a new --workdir.")
+
+
+def _run(config, workdir: str, problem, mesh) -> dict:
+  is_main = jax.process_index() == 0
 
   # -------------------------------------------------- Pretrained encoder --
   pretrained = checkpoints.load_pretrained(
@@ -502,6 +529,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if is_main:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    # Fine-tuning starts from step 1 each time: records of an earlier attempt
+    # of this same run are dropped, so no step appears twice.
+    metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"), 0)
 
   # ------------------------------------------- Model, optimizer, sharded state --
   tx = train_lib.make_optimizer(optimizer_config)

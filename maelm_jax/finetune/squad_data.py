@@ -60,23 +60,37 @@ def read_squad_json(path: str) -> list[SquadExample]:
     raise FileNotFoundError(f"SQuAD file {path!r} not found; pass the official "
                             "JSON (e.g. dev-v1.1.json) via --config.data.eval_file "
                             "/ --config.data.train_file")
-  with open(path, encoding="utf-8") as f:
-    dataset = json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      dataset = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    raise ValueError(f"{path} is not a UTF-8 JSON file ({error}); pass the "
+                     "official SQuAD JSON") from None
   if not isinstance(dataset, dict) or "data" not in dataset:
     raise ValueError(f"{path} is not a SQuAD file: expected a JSON object with a "
                      "'data' list of articles (the official format)")
   examples = []
-  for article in dataset["data"]:
-    for paragraph in article["paragraphs"]:
-      for qa in paragraph["qas"]:
-        answers = qa.get("answers", [])
-        examples.append(SquadExample(
-            qid=str(qa["id"]), question=qa["question"],
-            context=paragraph["context"],
-            answers=tuple(a["text"] for a in answers),
-            answer_starts=tuple(int(a["answer_start"]) for a in answers),
-            is_impossible=bool(qa.get("is_impossible", False)),
-            title=article.get("title", "")))
+  where = "data"
+  try:
+    for a, article in enumerate(dataset["data"]):
+      where = f"data[{a}]"
+      for p, paragraph in enumerate(article["paragraphs"]):
+        where = f"data[{a}].paragraphs[{p}]"
+        context = paragraph["context"]
+        for q, qa in enumerate(paragraph["qas"]):
+          where = f"data[{a}].paragraphs[{p}].qas[{q}]"
+          answers = qa.get("answers", [])
+          examples.append(SquadExample(
+              qid=str(qa["id"]), question=qa["question"], context=context,
+              answers=tuple(x["text"] for x in answers),
+              answer_starts=tuple(int(x["answer_start"]) for x in answers),
+              is_impossible=bool(qa.get("is_impossible", False)),
+              title=article.get("title", "")))
+  except (KeyError, TypeError) as error:
+    raise ValueError(
+        f"{path}: {where} (after {len(examples)} questions) lacks the field "
+        f"{error} of the official SQuAD format (data[].paragraphs[].context, "
+        ".qas[].id/question/answers[].text/answer_start)") from None
   return examples
 
 

@@ -6,8 +6,10 @@ r"""Fine-tuning sweeps (tasks x learning rates x seeds) and the papers' report.
       --config.init_from=/tmp/maelm_base --config.data.dir=/data/glue
 
 runs every combination one after another in this process, each in
-`<sweep_dir>/<task>/lr<lr>_seed<seed>/` (a run whose eval_results.json exists is
-skipped, so a stopped sweep resumes), then writes and prints the report:
+`<sweep_dir>/<task>/lr<lr>_seed<seed>/` (a finished run is skipped only when
+its config.json equals this sweep's config for it, so a stopped sweep resumes;
+runs made with another config, e.g. another init_from, stop the sweep before
+anything runs), then writes and prints the report:
 
   report.json / report.md   per task and learning rate, the median over seeds of
                             every metric; per task, the learning rate with the
@@ -101,12 +103,26 @@ def _set_path(config, dotted: str, value) -> None:
 def run_grid(points, sweep_dir: str) -> list[str]:
   """Runs each grid point not run yet; returns the run directories."""
   from maelm_jax.finetune import run  # pylint: disable=g-import-not-at-top
-  directories = []
-  for index, (task, learning_rate, seed, config) in enumerate(points, start=1):
-    directory = os.path.join(sweep_dir, task, run_name(learning_rate, seed))
-    directories.append(directory)
+  directories = [os.path.join(sweep_dir, task, run_name(learning_rate, seed))
+                 for task, learning_rate, seed, _ in points]
+  # Before anything runs: a directory holding a run of another config (another
+  # init_from, epochs, ...) would mix old results into the report.
+  stale = []
+  for directory, (_, _, _, config) in zip(directories, points):
+    try:
+      run.check_same_run(config, directory)
+    except ValueError as error:
+      stale.append(str(error).split("\nPass")[0])
+  if stale:
+    raise ValueError(
+        f"{len(stale)} run(s) in {sweep_dir} were made with another config, so "
+        "their results are not this sweep's:\n" + "\n".join(stale[:3])
+        + "\nPass a new --sweep_dir (or remove those runs).")
+  for index, (directory, (task, learning_rate, seed, config)) in enumerate(
+      zip(directories, points), start=1):
     if os.path.isfile(os.path.join(directory, run.RESULTS_FILE)):
-      logging.info("[%d/%d] %s exists; skipped", index, len(points), directory)
+      logging.info("[%d/%d] %s done with this config; skipped", index, len(points),
+                   directory)
       continue
     logging.info("[%d/%d] %s lr=%g seed=%d -> %s", index, len(points), task,
                  learning_rate, seed, directory)

@@ -1,0 +1,260 @@
+"""What a hurried user does by accident must never destroy a run: each case
+stops with a short message (or works), and leaves the checkpoints and
+config.json byte for byte as they were."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from maelm_jax import checkpoints, workdir as workdir_lib
+from maelm_jax.metric_writers import truncate_jsonl
+from tests.test_resume import (REPO, TOTAL_STEPS, command, losses, reference,  # noqa: F401
+                               run, steps_logged, tokenizer_file)  # (fixtures)
+
+ENV8 = dict(os.environ, JAX_NUM_CPU_DEVICES="8",
+            XLA_FLAGS="--xla_force_host_platform_device_count=8")
+
+
+def snapshot(workdir) -> dict[str, bytes]:
+  """Every file of the checkpoints and config.json, by relative path."""
+  workdir = pathlib.Path(workdir)
+  files = [workdir / "config.json", *(workdir / "checkpoints").rglob("*")]
+  return {str(p.relative_to(workdir)): p.read_bytes() for p in files if p.is_file()}
+
+
+def fails(cmd, timeout=300):
+  out = subprocess.run(cmd, cwd=REPO, env=ENV8, capture_output=True, text=True,
+                       timeout=timeout)
+  assert out.returncode not in (0, None), out.stderr[-3000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  return out.stderr
+
+
+def error_lines(stderr: str) -> list[str]:
+  """The lines of the error itself (log lines start with I/W/E + date)."""
+  lines = stderr.strip().splitlines()
+  start = max(i for i, line in enumerate(lines) if line.startswith("error"))
+  return lines[start:]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tokenizer_file):
+  """A finished 10-step run with checkpoints at 5 and 10."""
+  workdir = tmp_path_factory.mktemp("trained")
+  run(workdir, tokenizer_file, "--config.total_steps=10")
+  return workdir
+
+
+def copy_of(trained, tmp_path):
+  import shutil
+  target = tmp_path / "run"
+  shutil.copytree(trained, target)
+  return target
+
+
+def test_a_checkpoint_of_another_model_is_refused_not_quarantined(
+    trained, tmp_path, tokenizer_file):
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  stderr = fails(command(workdir, tokenizer_file, "--config.total_steps=20",
+                         "--config.allow_config_change=True",
+                         "--config.model.num_layers=3"))
+  message = " ".join(error_lines(stderr))
+  assert "does not fit this run's model" in message
+  assert "layer_2" in message and "not in the checkpoint" in message
+  assert len(error_lines(stderr)) <= 3
+  assert snapshot(workdir) == before  # config.json and both checkpoints intact.
+  assert not list((workdir / "checkpoints").glob("*.corrupt*"))
+
+
+def test_a_changed_data_pipeline_is_refused_not_quarantined(trained, tmp_path,
+                                                           tokenizer_file):
+  """data.num_workers changes the data iterator's saved state; found on the
+  landed code: both checkpoints renamed *.corrupt and training from step 1."""
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  stderr = fails(command(workdir, tokenizer_file, "--config.total_steps=20",
+                         "--config.data.num_workers=1"))
+  assert "data.num_workers" in " ".join(error_lines(stderr))
+  assert snapshot(workdir) == before
+  assert steps_logged(workdir) == 10
+
+
+def test_a_foreign_step_folder_is_named_and_left_alone(trained, tmp_path,
+                                                       tokenizer_file):
+  workdir = copy_of(trained, tmp_path)
+  foreign = workdir / "checkpoints" / "100"
+  foreign.mkdir()
+  (foreign / "notes.txt").write_text("mine")
+  before = snapshot(workdir)
+  stderr = fails(command(workdir, tokenizer_file, "--config.total_steps=20"))
+  assert "not a finished maelm_jax checkpoint" in stderr and str(foreign) in stderr
+  assert snapshot(workdir) == before and foreign.is_dir()
+  # The newest *committed* step is what init_from and fine-tuning read.
+  assert checkpoints.latest_step(workdir) == 10
+
+
+def test_unreadable_checkpoints_never_start_over_without_the_flag(
+    trained, tmp_path, tokenizer_file):
+  workdir = copy_of(trained, tmp_path)
+  for step in (5, 10):  # Truncate every array file of both checkpoints.
+    for path in (workdir / "checkpoints" / str(step) / "state").rglob("*"):
+      if path.is_file() and path.stat().st_size > 1000:
+        path.write_bytes(path.read_bytes()[:100])
+  config_before = (workdir / "config.json").read_bytes()
+  stderr = fails(command(workdir, tokenizer_file, "--config.total_steps=20"))
+  assert "not starting over by itself" in stderr and "start_over=True" in stderr
+  names = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  assert names == ["10.corrupt", "5.corrupt"]  # Moved aside, nothing deleted.
+  assert (workdir / "config.json").read_bytes() == config_before
+  assert steps_logged(workdir) == 10
+  out = run(workdir, tokenizer_file, "--config.total_steps=20",
+            "--config.start_over=True")
+  assert "resumed from" not in out.stderr
+  steps, _ = losses(workdir)
+  assert steps == list(range(1, 21))
+
+
+def test_finetuning_into_a_pretraining_workdir_is_refused(trained, tmp_path):
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  glue = tmp_path / "glue"
+  glue.mkdir()
+  for target in (workdir, tmp_path / "other_pretraining"):
+    if target != workdir:
+      import shutil
+      shutil.copytree(trained, target)
+    stderr = fails([sys.executable, "-m", "maelm_jax.main",
+                    "--config=configs/glue.py:task=sst2", f"--workdir={target}",
+                    f"--config.init_from={workdir}", f"--config.data.dir={glue}"])
+    assert ("is also --config.init_from" in stderr if target == workdir
+            else "holds a pretraining run" in stderr), stderr[-2000:]
+  assert snapshot(workdir) == before
+
+
+def test_two_live_runs_on_one_workdir_and_a_stale_lock(tmp_path):
+  workdir = str(tmp_path)
+  with workdir_lib.Lock(workdir):
+    holder = json.loads((tmp_path / ".lock").read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+    # Another live process holding it: refused, naming the holder.
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from maelm_jax import workdir as w;"
+         f"w.Lock({workdir!r}).acquire()"], cwd=REPO, capture_output=True, text=True)
+    assert child.returncode != 0
+    assert f"in use by another run (pid {os.getpid()}" in child.stderr
+  assert not (tmp_path / ".lock").exists()  # Released.
+  # A lock left by a process that is gone (kill -9) is taken over.
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  (tmp_path / ".lock").write_text(json.dumps(
+      {"host": socket.gethostname(), "pid": dead.pid, "start_time": "1"}))
+  with workdir_lib.Lock(workdir):
+    assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+  # A lock from another host cannot be checked: refused, with the way out.
+  (tmp_path / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+  with pytest.raises(workdir_lib.WorkdirError, match="host elsewhere.*delete"):
+    workdir_lib.Lock(workdir).acquire()
+
+
+def test_a_second_run_on_a_live_workdir_is_refused(tmp_path, tokenizer_file):
+  process = subprocess.Popen(command(tmp_path, tokenizer_file), cwd=REPO, env=ENV8,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    import time
+    deadline = time.time() + 300
+    while steps_logged(tmp_path) < 2:
+      assert process.poll() is None, process.communicate()[1][-3000:]
+      assert time.time() < deadline
+      time.sleep(0.05)
+    stderr = fails(command(tmp_path, tokenizer_file))
+    assert f"in use by another run (pid {process.pid}" in stderr
+  finally:
+    process.kill()
+    process.communicate()
+
+
+def test_ctrl_c_saves_and_resumes_exactly(tmp_path, tokenizer_file, reference):
+  """SIGINT as a terminal sends it (the test worker may ignore SIGINT, and a
+  child inherits that, so the child starts with the default disposition)."""
+  import time
+  process = subprocess.Popen(
+      command(tmp_path, tokenizer_file), cwd=REPO, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True,
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  deadline = time.time() + 300
+  while steps_logged(tmp_path) < 6:
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert time.time() < deadline
+    time.sleep(0.02)
+  process.send_signal(signal.SIGINT)
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 130, stderr[-3000:]
+  assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+  assert "interrupted (Ctrl-C): saved a checkpoint at step" in stderr
+  stopped_at = steps_logged(tmp_path)
+  assert checkpoints.latest_step(tmp_path) == stopped_at < TOTAL_STEPS
+  run(tmp_path, tokenizer_file)
+  steps, values = losses(tmp_path)
+  assert steps == list(range(1, TOTAL_STEPS + 1))
+  np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_errors_are_one_line_without_a_traceback(tmp_path, trained):
+  misspelt = fails([sys.executable, "-m", "maelm_jax.main",
+                    "--config=configs/pretrain.py", f"--workdir={tmp_path}",
+                    "--config.lerning_rate=3e-3"])
+  assert misspelt.strip().splitlines() == [
+      "error in the command line: --config has no key 'lerning_rate'; did you mean "
+      "'learning_rate'?"]
+  small = ["--config=configs/pretrain.py:size=small", f"--workdir={tmp_path / 'small'}",
+           "--config.total_steps=2", f"--config.init_from={trained}",
+           "--config.tokenizer.vocab_size=600", "--config.data.source=pydoc:",
+           "--config.data.eval_fraction=0.05", "--config.batch_size=8",
+           "--config.seq_len=64"]
+  other_size = fails([sys.executable, "-m", "maelm_jax.main", *small])
+  message = " ".join(error_lines(other_size))
+  assert "holds another model" in message and "shape" in message
+  assert "(128," in message and "(256," in message
+  verbose = subprocess.run([sys.executable, "-m", "maelm_jax.main", *small, "--verbose"],
+                           cwd=REPO, env=ENV8, capture_output=True, text=True)
+  assert "Traceback" in verbose.stderr and "CheckpointMismatch" in verbose.stderr
+
+
+def test_torn_last_metrics_line_is_dropped_and_a_broken_one_is_named(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "x"')
+  truncate_jsonl(str(path), 2)
+  assert path.read_text() == '{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n'
+  path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 2, is not JSON"):
+    truncate_jsonl(str(path), 2)
+
+
+def test_dry_run_describes_the_launch_and_writes_nothing(trained, tmp_path,
+                                                         tokenizer_file):
+  def dry(workdir, *extra):
+    out = subprocess.run(command(workdir, tokenizer_file, "--config.dry_run=True",
+                                 *extra),
+                         cwd=REPO, env=ENV8, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+  before = snapshot(trained)
+  report = dry(trained, "--config.total_steps=10")
+  assert "maelm/tiny" in report and "vocabulary 600" in report
+  assert "num_selected=9" in report  # 15% of the 62 maskable tokens of 64.
+  assert "over 8 devices" in report and "data       pydoc:" in report
+  assert "resumable at step 10" in report
+  assert "REFUSED" in dry(trained, "--config.model.mask_ratio=0.3")
+  assert snapshot(trained) == before
+  fresh = tmp_path / "fresh"
+  assert "new (will be created)" in dry(fresh)
+  assert not fresh.exists()
