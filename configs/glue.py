@@ -65,9 +65,17 @@ def get_config(arg=None):
   config.dropout = 0.1  # Encoder and head.
   config.attention_dropout = 0.1
   config.dtype = ""  # Matmul dtype; "": the pretrained model's (bfloat16/float32).
+  # The head reads 'cls' (the first token, the papers' recipe) or 'mean' (the
+  # mean of the token vectors).
+  config.pooling = "cls"
   config.seed = 1
   config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'), as in pretraining.
   config.log_every = 50
+  # A checkpoint (params + optimizer) is saved after every epoch and on SIGTERM /
+  # Ctrl-C; the same command resumes. A finished run deletes it (its results are
+  # written) unless keep_final_checkpoint; start_over: see configs/pretrain.py.
+  config.keep_final_checkpoint = False
+  config.start_over = False
 
   config.data = ml_collections.ConfigDict()
   config.data.source = "tsv"  # "tsv" (data.dir) or "tfds" (glue/<task>).

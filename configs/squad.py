@@ -56,6 +56,11 @@ def get_config(arg=None):
   config.seed = 1
   config.mesh_shape = (-1, 1, 1)
   config.log_every = 50
+  # A checkpoint (params + optimizer) is saved after every epoch and on SIGTERM /
+  # Ctrl-C; the same command resumes. A finished run deletes it (its results are
+  # written) unless keep_final_checkpoint; start_over: see configs/pretrain.py.
+  config.keep_final_checkpoint = False
+  config.start_over = False
 
   config.data = ml_collections.ConfigDict()
   config.data.source = "json"  # "json" (train_file/eval_file) or "tfds".

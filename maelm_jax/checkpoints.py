@@ -104,17 +104,18 @@ def tree_differences(saved, wanted, limit: int = 4) -> list[str]:
   return out
 
 
-def make_manager(workdir: str, config) -> ocp.CheckpointManager:
+def make_manager(workdir: str, config,
+                 item_names=("state", "data")) -> ocp.CheckpointManager:
   """Async saves; keeps the last `keep_checkpoints` plus every
   `checkpoint_keep_period`-th step for good. Orbax writes each step into a
   temporary directory and renames it when complete, and deletes old steps only
   after a newer one is finalised, so a crash never leaves fewer good steps."""
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=config.keep_checkpoints,
-      keep_period=config.checkpoint_keep_period or None,
+      max_to_keep=config.get("keep_checkpoints", 1),
+      keep_period=config.get("checkpoint_keep_period", 0) or None,
       enable_async_checkpointing=True,
       cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(checkpoint_dir(workdir), item_names=("state", "data"),
+  return ocp.CheckpointManager(checkpoint_dir(workdir), item_names=item_names,
                                options=options)
 
 
@@ -147,13 +148,13 @@ def _everyone(ok: bool) -> bool:
   return bool(multihost_utils.process_allgather(np.int32(ok)).min())
 
 
-def _read_data_state(step_dir: str) -> None:
-  """Raises if the data item's files are missing or not JSON (grain writes one
-  JSON file per process)."""
-  directory = os.path.join(step_dir, "data")
-  names = [n for n in os.listdir(directory) if n.endswith(".json")]
+def _read_aux_state(step_dir: str, item: str) -> None:
+  """Raises if the JSON item beside `state` (grain's data-iterator state, one
+  file per process; fine-tuning's progress) is missing or not JSON."""
+  directory = os.path.join(step_dir, item)
+  names = [n for n in os.listdir(directory) if n != "commit_success.txt"]
   if not names:
-    raise FileNotFoundError(f"no data-iterator state in {directory}")
+    raise FileNotFoundError(f"no {item} state in {directory}")
   for name in names:
     with open(os.path.join(directory, name)) as f:
       json.load(f)
@@ -161,22 +162,35 @@ def _read_data_state(step_dir: str) -> None:
 
 def restore_latest_good(manager: ocp.CheckpointManager, abstract_state,
                         data_iterator, *, start_over: bool = False):
+  """Pretraining's restore: the state and the grain iterator position.
+  Returns (state, step), or (None, None) for a fresh start."""
+  state, _, step = restore_newest_readable(
+      manager, abstract_state, "data",
+      lambda: grain.checkpoint.CheckpointRestore(data_iterator),
+      "data.num_workers, data.num_streams, seq_len, batch_size or the process "
+      "count changed", start_over=start_over)
+  return state, step
+
+
+def restore_newest_readable(manager: ocp.CheckpointManager, abstract_state,
+                            aux_item: str, aux_restore, aux_hint: str, *,
+                            start_over: bool = False):
   """Restores the newest checkpoint that reads back completely.
 
   Only a checkpoint that fails to *read* (truncated or corrupt files, a missing
   item) is moved aside as `<step>.corrupt`, never deleted, and the previous one
   tried. One that reads but does not fit this run (parameter tree or shapes,
-  data-iterator format) raises `CheckpointMismatch` before anything is touched.
+  the `aux_item` state) raises `CheckpointMismatch` before anything is touched.
   When checkpoints existed and none read, the run stops unless `start_over`.
   Every process takes the same decision for every step.
-  Returns (state, step), or (None, None) for a fresh start.
+  Returns (state, aux, step), or (None, None, None) for a fresh start.
   """
   quarantined = []
   for step in sorted(manager.all_steps(), reverse=True):
     step_dir = os.path.join(str(manager.directory), str(step))
     try:
       saved_tree = _tree_metadata(os.path.join(step_dir, "state"))
-      _read_data_state(step_dir)
+      _read_aux_state(step_dir, aux_item)
       read_error = None
     except Exception as error:  # Orbax/tensorstore raise many types here.
       read_error = error
@@ -197,16 +211,14 @@ def restore_latest_good(manager: ocp.CheckpointManager, abstract_state,
         read_error = error
     if _everyone(read_error is None):
       try:
-        manager.restore(step, args=ocp.args.Composite(
-            data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        aux = manager.restore(step, args=ocp.args.Composite(
+            **{aux_item: aux_restore()}))[aux_item]
       except Exception as error:
         raise CheckpointMismatch(
-            f"checkpoint {step_dir}: the data-iterator state does not fit this "
-            f"run's input pipeline ({type(error).__name__}: {str(error)[:200]}); "
-            "data.num_workers, data.num_streams, seq_len, batch_size or the "
-            "process count changed. Resume with the values in its config.json "
-            "(nothing was changed)") from error
-      return state, step
+            f"checkpoint {step_dir}: the {aux_item} state does not fit this run "
+            f"({type(error).__name__}: {str(error)[:200]}); {aux_hint}. Resume "
+            "with the values in its config.json (nothing was changed)") from error
+      return state, aux, step
     moved = _quarantine(manager, step)
     quarantined.append(moved)
     logging.error("checkpoint at step %d cannot be restored (%s: %s); moved "
@@ -218,7 +230,7 @@ def restore_latest_good(manager: ocp.CheckpointManager, abstract_state,
         f"no checkpoint of {manager.directory} could be read (moved aside, not "
         f"deleted: {', '.join(quarantined)}); not starting over by itself. "
         "Pass --config.start_over=True to train from step 1 in this workdir")
-  return None, None
+  return None, None, None
 
 
 @dataclasses.dataclass

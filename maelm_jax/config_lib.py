@@ -161,13 +161,17 @@ ADDED_KEYS = {
     "model.tie_embeddings": True,
     "start_over": False,
     "dry_run": False,
+    "keep_final_checkpoint": False,
+    "pooling": "cls",
     "data.on_bad_text": "warn",
 }
 
 
 # A fine-tuning run is fixed by everything, init_from included; only where it
 # runs may change.
-FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change"})
+FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
+                                        "start_over", "keep_final_checkpoint",
+                                        "log_every"})
 
 
 def config_differences(saved: dict, current: dict,

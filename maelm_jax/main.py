@@ -126,7 +126,9 @@ def main(argv):
         print(summary(flags.FLAGS.workdir, last), flush=True)
     else:
       from maelm_jax.finetune import run as finetune_run
-      finetune_run.run(config, flags.FLAGS.workdir)
+      results = finetune_run.run(config, flags.FLAGS.workdir)
+      if results.get("stopped_by") == "SIGINT":
+        sys.exit(130)
   except Exception as error:  # pylint: disable=broad-except
     if flags.FLAGS.verbose or not is_user_error(error):
       raise

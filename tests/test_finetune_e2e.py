@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -532,3 +533,64 @@ def test_squad_errors_come_before_compilation(tmp_path, pretrained, no_compile):
   config = squad_test_config(pretrained, v2, v2, version="1.1")
   with pytest.raises(ValueError, match="unanswerable questions.*version=2.0"):
     run.run(config, str(tmp_path / "run"))
+
+
+def test_finetuning_stopped_by_ctrl_c_resumes_exactly(tmp_path, pretrained):
+  """Ctrl-C mid-epoch saves; the same command resumes and ends with the losses
+  and scores of an uninterrupted run (dropout on: its bits come from the step)."""
+  import signal
+  import time
+  data = write_sst2(tmp_path / "SST-2", num_train=320, num_dev=40)
+  settings = {"num_epochs": 2, "log_every": 1, "dropout": 0.1,
+              "attention_dropout": 0.1}
+  reference = run.run(glue_test_config("sst2", pretrained, data.parent, **settings),
+                      str(tmp_path / "reference"))
+  workdir = tmp_path / "interrupted"
+  cmd = [sys.executable, "-m", "maelm_jax.main", "--config=configs/glue.py:task=sst2",
+         f"--workdir={workdir}", f"--config.init_from={pretrained}",
+         f"--config.data.dir={data.parent}", "--config.max_seq_len=24",
+         "--config.batch_size=16", "--config.eval_batch_size=16",
+         "--config.learning_rate=1e-3", "--config.dtype=float32",
+         *[f"--config.{k}={v}" for k, v in settings.items()]]
+
+  def train_losses(directory):
+    return [(r["step"], r["train/loss"]) for r in read_jsonl(directory / "metrics.jsonl")
+            if "train/loss" in r]
+
+  process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                              signal.SIG_DFL))
+  deadline = time.time() + 300
+  while not (workdir / "metrics.jsonl").exists() or len(train_losses(workdir)) < 25:
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert time.time() < deadline
+    time.sleep(0.02)
+  process.send_signal(signal.SIGINT)  # In epoch 2 (20 steps per epoch).
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 130, stderr[-3000:]
+  assert "interrupted (Ctrl-C): saved a checkpoint at step" in stderr
+  assert not (workdir / run.RESULTS_FILE).exists()
+  stopped_at = checkpoints.latest_step(workdir)
+  assert 25 <= stopped_at < 40
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"resumed from" in out.stderr and f"at step {stopped_at} (epoch 2)" in out.stderr
+  resumed = json.loads((workdir / run.RESULTS_FILE).read_text())
+  ours, theirs = train_losses(workdir), train_losses(tmp_path / "reference")
+  assert [s for s, _ in ours] == [s for s, _ in theirs] == list(range(1, 41))
+  np.testing.assert_allclose([l for _, l in ours], [l for _, l in theirs],
+                             rtol=1e-6, atol=1e-6)
+  for a, b in zip(resumed["history"], reference["history"]):
+    assert a == pytest.approx(b, rel=1e-6)
+  assert resumed["accuracy"] == reference["accuracy"]
+  # Done: the checkpoint that was only there to resume is gone.
+  assert not (workdir / "checkpoints").exists()
+
+
+def test_pooling_reads_the_first_token_or_the_mean_of_real_tokens():
+  hidden = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3)
+  ids = jnp.array([[2, 7, 3, 0], [2, 5, 6, 3]])  # Row 0 ends in one [PAD].
+  np.testing.assert_array_equal(heads.pool(hidden, ids, "cls"), hidden[:, 0])
+  np.testing.assert_allclose(heads.pool(hidden, ids, "mean"),
+                             [hidden[0, :3].mean(0), hidden[1].mean(0)])

@@ -57,12 +57,25 @@ class ClassificationHead(nn.Module):
     return logits.astype(jnp.float32)
 
 
+POOLINGS = ("cls", "mean")
+
+
+def pool(hidden: jax.Array, input_ids: jax.Array, pooling: str) -> jax.Array:
+  """[B, L, D] -> [B, D]: the first token's vector ('cls'), or the mean over the
+  real (non-[PAD]) tokens ('mean', as sentence-transformers pools)."""
+  if pooling == "cls":
+    return hidden[:, 0]
+  valid = (input_ids != 0)[..., None].astype(hidden.dtype)
+  return (hidden * valid).sum(1) / jnp.maximum(valid.sum(1), 1)
+
+
 class SequenceClassifier(nn.Module):
   """Encoder + classification (or, with 1 output, regression) head."""
 
   cfg: ModelConfig
   num_outputs: int
   deterministic: bool = True
+  pooling: str = "cls"
 
   @nn.compact
   def __call__(self, input_ids):
@@ -70,7 +83,7 @@ class SequenceClassifier(nn.Module):
     hidden = Encoder(self.cfg, self.deterministic, name="backbone")(input_ids)
     return ClassificationHead(self.num_outputs, self.cfg.hidden, self.cfg.dropout,
                               self.cfg.dtype, self.deterministic,
-                              name="head")(hidden[:, 0])
+                              name="head")(pool(hidden, input_ids, self.pooling))
 
 
 class SpanExtractor(nn.Module):

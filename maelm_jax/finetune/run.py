@@ -33,6 +33,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from typing import Any
 
@@ -44,9 +45,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 
-from maelm_jax import (checkpoints, config_lib, metric_writers, sharding,
-                       train_lib, workdir as workdir_lib)
+from maelm_jax import (checkpoints, config_lib, metric_writers, preemption,
+                       sharding, train_lib, workdir as workdir_lib)
 from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 
@@ -117,7 +119,8 @@ class GlueProblem:
                  {k: len(v) for k, v in self.dev_examples.items()})
 
   def make_model(self, model_cfg, deterministic: bool) -> nn.Module:
-    return heads.SequenceClassifier(model_cfg, self.task.num_outputs, deterministic)
+    return heads.SequenceClassifier(model_cfg, self.task.num_outputs, deterministic,
+                                    self.config.get("pooling", "cls"))
 
   def loss(self, outputs, batch) -> jax.Array:
     if self.task.is_regression:
@@ -287,6 +290,8 @@ def validate(config) -> None:
        "pretraining run (its config.json, tokenizer.model and checkpoints are used)")
   need(8 <= config.max_seq_len, f"max_seq_len={config.max_seq_len} must be >= 8")
   need(config.batch_size >= 1, f"batch_size={config.batch_size} must be >= 1")
+  need(config.get("pooling", "cls") in heads.POOLINGS,
+       f"pooling={config.get('pooling')!r} must be one of {heads.POOLINGS}")
   need(config.eval_batch_size >= 1,
        f"eval_batch_size={config.eval_batch_size} must be >= 1")
   need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
@@ -529,9 +534,6 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   if is_main:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-    # Fine-tuning starts from step 1 each time: records of an earlier attempt
-    # of this same run are dropped, so no step appears twice.
-    metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"), 0)
 
   # ------------------------------------------- Model, optimizer, sharded state --
   tx = train_lib.make_optimizer(optimizer_config)
@@ -550,52 +552,106 @@ def _run(config, workdir: str, problem, mesh) -> dict:
                config.num_epochs, steps_per_epoch, config.batch_size,
                optimizer_config.warmup_steps, dict(mesh.shape))
 
+  # ------------------------------------------------ Checkpoints and resume --
+  # The pretraining mechanism (checkpoints.restore_newest_readable): a run
+  # stopped at any step (SIGTERM, Ctrl-C, kill -9 after an epoch) resumes where
+  # it was, with the same losses: the epoch order is a function of (seed, epoch)
+  # and dropout of (rng, step). `progress` says where to go on from.
+  manager = checkpoints.make_manager(workdir, config, item_names=("state", "progress"))
+  abstract_state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      state, state_shardings)
+  restored, progress, restored_step = checkpoints.restore_newest_readable(
+      manager, abstract_state, "progress", ocp.args.JsonRestore,
+      "it was written by another fine-tuning setup", start_over=config.get(
+          "start_over", False))
+  if restored is not None:
+    state = restored
+    logging.info("resumed from %s at step %d (epoch %d)", manager.directory,
+                 restored_step, progress["epoch"])
+  progress = progress or {"epoch": 1, "batches_done": 0, "history": []}
+  if is_main:  # Records after the step the run goes on from are redone.
+    metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"),
+                                  restored_step or 0)
+
+  def save(step, epoch, batches_done):
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        progress=ocp.args.JsonSave({"epoch": epoch, "batches_done": batches_done,
+                                    "history": history})), force=True)
+
   # ------------------------------------------------------------- Train loop --
   writer = metric_writers.MetricWriter(workdir, is_main)
-  history, best, evaluation = [], None, None
-  step, timer, timed_examples = 0, time.perf_counter(), 0
-  for epoch in range(1, config.num_epochs + 1):
-    order = np.random.default_rng([config.seed, epoch]).permutation(num_train)
-    for i in range(steps_per_epoch):
-      rows = order[i * config.batch_size:(i + 1) * config.batch_size]
-      mine = _process_share(rows)  # Index only this process's rows.
-      batch = sharding.global_batch(
-          mesh, {key: value[mine] for key, value in problem.train.items()})
-      state, train_metrics = train_step(state, batch)
-      step += 1
-      if step == 1:  # Leave compilation out of the throughput.
-        jax.block_until_ready(train_metrics)
-        timer, timed_examples = time.perf_counter(), 0
-      else:
-        timed_examples += config.batch_size
-      if step % config.log_every == 0 or i == steps_per_epoch - 1:
-        train_metrics = jax.device_get(train_metrics)
-        loss = float(train_metrics["loss"])
-        if not math.isfinite(loss):
-          raise FloatingPointError(f"non-finite training loss {loss} at step {step}; "
-                                   "lower --config.learning_rate or use "
-                                   "--config.dtype=float32")
-        elapsed = time.perf_counter() - timer
-        logged = {"train/loss": loss,
-                  "train/grad_norm": float(train_metrics["grad_norm"]),
-                  "lr": float(schedule(step - 1)),
-                  "examples_per_sec": timed_examples / max(elapsed, 1e-9)}
-        writer.write(step, logged)
-        logging.info(metric_writers.format_console(step, total_steps, logged))
-        timer, timed_examples = time.perf_counter(), 0
+  watcher = preemption.PreemptionWatcher(manager)
+  history, evaluation, stop = list(progress["history"]), None, False
+  step = int(jax.device_get(state.step))
+  timer, timed_examples, compiled = time.perf_counter(), 0, False
+  try:
+    for epoch in range(progress["epoch"], config.num_epochs + 1):
+      order = np.random.default_rng([config.seed, epoch]).permutation(num_train)
+      first = progress["batches_done"] if epoch == progress["epoch"] else 0
+      for i in range(first, steps_per_epoch):
+        rows = order[i * config.batch_size:(i + 1) * config.batch_size]
+        mine = _process_share(rows)  # Index only this process's rows.
+        batch = sharding.global_batch(
+            mesh, {key: value[mine] for key, value in problem.train.items()})
+        state, train_metrics = train_step(state, batch)
+        step += 1
+        if not compiled:  # Leave compilation out of the throughput.
+          jax.block_until_ready(train_metrics)
+          timer, timed_examples, compiled = time.perf_counter(), 0, True
+        else:
+          timed_examples += config.batch_size
+        if step % config.log_every == 0 or i == steps_per_epoch - 1:
+          train_metrics = jax.device_get(train_metrics)
+          loss = float(train_metrics["loss"])
+          if not math.isfinite(loss):
+            raise FloatingPointError(f"non-finite training loss {loss} at step "
+                                     f"{step}; lower --config.learning_rate or use "
+                                     "--config.dtype=float32")
+          elapsed = time.perf_counter() - timer
+          logged = {"train/loss": loss,
+                    "train/grad_norm": float(train_metrics["grad_norm"]),
+                    "lr": float(schedule(step - 1)),
+                    "examples_per_sec": timed_examples / max(elapsed, 1e-9)}
+          writer.write(step, logged)
+          logging.info(metric_writers.format_console(step, total_steps, logged))
+          timer, timed_examples = time.perf_counter(), 0
+        stop = watcher.reached(step)
+        if stop and i < steps_per_epoch - 1:
+          save(step, epoch, i + 1)
+          break
+      if stop and i < steps_per_epoch - 1:
+        break
 
-    # ------------------------------------------------------- Evaluation --
+      # ----------------------------------------------------- Evaluation --
+      evaluation = problem.evaluate({s.name: predict(s.input_ids)
+                                     for s in problem.eval_sets})
+      history.append({"step": step, "epoch": epoch, **evaluation.metrics})
+      writer.write(step, {f"eval/{k}": v for k, v in evaluation.metrics.items()})
+      logging.info("epoch %d/%d (step %d): %s", epoch, config.num_epochs, step,
+                   ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+      save(step, epoch + 1, 0)
+      timer, timed_examples = time.perf_counter(), 0
+      if stop and epoch < config.num_epochs:
+        break
+  finally:
+    watcher.close()
+    manager.wait_until_finished()
+    manager.close()
+    writer.close()
+  if stop and (evaluation is None or history[-1]["epoch"] < config.num_epochs):
+    logging.warning("%s: saved a checkpoint at step %d in %s; run the same command "
+                    "to resume", "interrupted (Ctrl-C)" if watcher.signal_name ==
+                    "SIGINT" else "preempted", step, manager.directory)
+    return {"preempted_at_step": step, "stopped_by": watcher.signal_name or "SIGTERM"}
+  if evaluation is None:  # Resumed after the last epoch: its outputs again.
     evaluation = problem.evaluate({s.name: predict(s.input_ids)
                                    for s in problem.eval_sets})
-    record = {"step": step, "epoch": epoch, **evaluation.metrics}
-    history.append(record)
+  best = None
+  for record in history:
     if best is None or record[problem.main_metric] > best[problem.main_metric]:
       best = record
-    writer.write(step, {f"eval/{k}": v for k, v in evaluation.metrics.items()})
-    logging.info("epoch %d/%d (step %d): %s", epoch, config.num_epochs, step,
-                 ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
-    timer, timed_examples = time.perf_counter(), 0
-  writer.close()
 
   # ---------------------------------------------------------------- Outputs --
   results = {"task": config.task if config.mode == "glue" else f"squad_v{config.version}",
@@ -610,6 +666,10 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   test_predictions = problem.predict_test(predict)  # Every process runs the model.
   if is_main:
     problem.write_predictions(workdir, evaluation, test_predictions)
+    if not config.get("keep_final_checkpoint", False):
+      # Only needed to resume, and the run is done: at base size a fine-tune's
+      # params + Adam state are ~1.3 GB, times every run of a sweep.
+      shutil.rmtree(checkpoints.checkpoint_dir(workdir), ignore_errors=True)
     print(summary(workdir, results), flush=True)
   return results
 

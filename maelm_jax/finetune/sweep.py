@@ -126,7 +126,11 @@ def run_grid(points, sweep_dir: str) -> list[str]:
       continue
     logging.info("[%d/%d] %s lr=%g seed=%d -> %s", index, len(points), task,
                  learning_rate, seed, directory)
-    run.run(config, directory)
+    results = run.run(config, directory)
+    if results.get("stopped_by"):  # SIGTERM / Ctrl-C: saved; stop the sweep too.
+      logging.warning("sweep stopped in %s (saved): run the same command to resume",
+                      directory)
+      raise SystemExit(130 if results["stopped_by"] == "SIGINT" else 0)
   return directories
 
 
