@@ -2,6 +2,8 @@ r"""Linear probe of frozen encoders on SST-2: ridge regression on the `[CLS]`
 vector and on the mean of the token vectors, trained on the first `--train`
 sentences of SST-2 train, scored on all of dev. Tells whether pretrained
 representations carry more of the task than random ones, without fine-tuning.
+Also prints the geometry of the input embeddings (mean pairwise cosine of
+frequent and of rare pieces), where tied output embeddings show collapse.
 
   python benchmarks/linear_probe.py /tmp/helps/pretrain_maelm /tmp/helps/random_init_maelm
 """
@@ -55,6 +57,22 @@ def ridge_accuracy(train_x, train_y, dev_x, dev_y, alpha=10.0):
   return float(((b @ w > 0) == dev_y).mean())
 
 
+def embedding_cosines(pretrained, samples: int = 300) -> tuple[float, float]:
+  """Mean pairwise cosine of the input embeddings of `samples` frequent pieces
+  (ids 5..500) and of `samples` rare ones (ids 4000..V): SentencePiece orders
+  pieces by score, so ids follow frequency. Near 0 for random vectors; near 1
+  when the pieces have collapsed into one direction."""
+  table = np.asarray(pretrained.params["token_embed"]["embedding"])
+  unit = table / np.linalg.norm(table, axis=1, keepdims=True)
+  rng = np.random.default_rng(0)
+  out = []
+  for low, high in ((5, 500), (min(4000, len(table) // 2), len(table))):
+    ids = rng.choice(np.arange(low, high), min(samples, high - low), replace=False)
+    cos = unit[ids] @ unit[ids].T
+    out.append(float((cos.sum() - len(ids)) / (len(ids) * (len(ids) - 1))))
+  return out[0], out[1]
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("workdirs", nargs="+")
@@ -64,6 +82,9 @@ def main():
   dev_x, dev_y = read(SST2 / "dev.tsv", None)
   for workdir in args.workdirs:
     pretrained = checkpoints.load_pretrained(workdir)
+    frequent, rare = embedding_cosines(pretrained)
+    print(f"{workdir}: input embeddings, mean pairwise cosine: frequent pieces "
+          f"{frequent:.3f}, rare pieces {rare:.3f}", flush=True)
     f_train, f_dev = features(pretrained, train_x), features(pretrained, dev_x)
     d = f_train.shape[1] // 2
     for name, cols in (("cls", slice(0, d)), ("mean", slice(d, 2 * d))):

@@ -63,6 +63,9 @@ def parse_args(argv=None):
                  help="a tokenizer.model to use (default: train one on the books)")
   p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                  help="pretraining config override, e.g. model.keep_prob=0.0")
+  p.add_argument("--finetune_override", action="append", default=[],
+                 metavar="KEY=VALUE", help="fine-tuning config override, e.g. "
+                 "pooling=mean")
   p.add_argument("--seeds", default="1,2,3")
   p.add_argument("--finetune_lr", type=float, default=1e-4)
   p.add_argument("--sst2_examples", type=int, default=8000)
@@ -150,7 +153,8 @@ def finetune(args, init_from: str, sweep_dir: str, data_dir: str) -> dict:
            "--select=last", f"--config.init_from={init_from}",
            f"--config.data.dir={data_dir}", "--config.dtype=float32",
            "--config.batch_size=32", f"--config.num_epochs={epochs[task]}",
-           f"--config.max_seq_len={lengths[task]}", "--config.log_every=100"]
+           f"--config.max_seq_len={lengths[task]}", "--config.log_every=100",
+           *(f"--config.{item}" for item in args.finetune_override)]
     if task == "sst2":
       cmd.append(f"--config.data.max_train_examples={args.sst2_examples}")
     run(cmd, sweep_dir + ".log")
@@ -233,7 +237,9 @@ def format_section(s: dict) -> str:
       f"{ev.get('eval/bigram_accuracy', float('nan')):.1%}), loss "
       f"{ev.get('eval/mask_loss', float('nan')):.3f} (unigram "
       f"{ev.get('eval/unigram_loss', float('nan')):.3f}).",
-      f"* Fine-tuning: `configs/glue.py`, lr {a['finetune_lr']:g}, batch 32, epochs "
+      f"* Fine-tuning: `configs/glue.py`"
+      + "".join(f", {o}" for o in a.get("finetune_override", [])) +
+      f", lr {a['finetune_lr']:g}, batch 32, epochs "
       f"{a['epochs']}, max_seq_len {a['max_seq_len']}, SST-2 on a fixed "
       f"{a['sst2_examples']:,}-sentence subset of train; QNLI trained on a fixed "
       "half of its dev set and scored on the other half; the last epoch of each run "

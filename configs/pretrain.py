@@ -153,3 +153,9 @@ def apply_recipe(config, recipe: str) -> None:
   # projections stay at their initial scale and the decoder ignores the context.
   # [MASK] still never enters the encoder.
   config.model.keep_prob = 0.1
+  # The LM head predicts with its own output embedding. Tied, the softmax pushed
+  # every unread piece's input embedding the same way each step: after 4000
+  # tiny MAE-LM steps rare pieces sat at mean cosine 0.90 (untied: 0.02), which
+  # erases the differences between rare words a downstream task needs
+  # (benchmarks/RESULTS.md, "Does pretraining help downstream?").
+  config.model.tie_embeddings = False
