@@ -120,6 +120,13 @@ def get_config(arg=None):
   config.model.decoder_layers = config_dict.placeholder(int)
   config.model.decoder_dropout = 0.0
   config.model.decoder_relative_position_bias = False
+  # False: the LM head predicts with its own output embedding. Tied (the default,
+  # as in BERT/RoBERTa/MAE-LM), the softmax pushes every unread piece's input
+  # embedding the same way at each step and rare pieces collapse into one
+  # direction (mean cosine 0.71 after 600 tiny steps; untied 0.01). Untied is not
+  # the default: it learned more slowly in the first few hundred steps on pydoc
+  # and on synthetic text, and no downstream A/B has shown it better yet
+  # (benchmarks/RESULTS.md, "Untied output embedding").
   config.model.tie_embeddings = True
 
   apply_recipe(config, arg.recipe)
@@ -153,9 +160,3 @@ def apply_recipe(config, recipe: str) -> None:
   # projections stay at their initial scale and the decoder ignores the context.
   # [MASK] still never enters the encoder.
   config.model.keep_prob = 0.1
-  # The LM head predicts with its own output embedding. Tied, the softmax pushed
-  # every unread piece's input embedding the same way each step: after 4000
-  # tiny MAE-LM steps rare pieces sat at mean cosine 0.90 (untied: 0.02), which
-  # erases the differences between rare words a downstream task needs
-  # (benchmarks/RESULTS.md, "Does pretraining help downstream?").
-  config.model.tie_embeddings = False
