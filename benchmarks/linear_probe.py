@@ -88,6 +88,11 @@ def main():
     f_train, f_dev = features(pretrained, train_x), features(pretrained, dev_x)
     d = f_train.shape[1] // 2
     for name, cols in (("cls", slice(0, d)), ("mean", slice(d, 2 * d))):
+      x = f_dev[:, cols]  # How much the vector differs between sentences.
+      print(f"{workdir} {name}: between-sentence std (rms over dims) "
+            f"{np.sqrt(x.var(0).mean()):.3f}, norm of the mean vector "
+            f"{np.linalg.norm(x.mean(0)):.2f}", flush=True)
+    for name, cols in (("cls", slice(0, d)), ("mean", slice(d, 2 * d))):
       print(f"{workdir} {name}: SST-2 dev accuracy "
             f"{ridge_accuracy(f_train[:, cols], train_y, f_dev[:, cols], dev_y):.3f}",
             flush=True)
