@@ -104,6 +104,19 @@ def write_config(config, workdir) -> None:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
+def last_logged_metrics(workdir: str, step: int) -> dict:
+  """Every value `metrics.jsonl` holds for `step`, merged (train and eval lines)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  merged = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        record = json.loads(line)
+        if record.get("step") == step:
+          merged.update({k: v for k, v in record.items() if k != "step"})
+  return merged
+
+
 def truncate_metrics(workdir: str, last_step: int) -> None:
   metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"), last_step)
 
@@ -378,8 +391,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   start_step = int(jax.device_get(state.step))
   nonfinite_seen = int(jax.device_get(state.nonfinite_count))
   timer_start, timed_steps, last, in_flight = None, 0, {}, None
-  logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
-               config.total_steps, step_flops)
+  if start_step >= config.total_steps:
+    # Nothing left to train (the same command run again, or total_steps not
+    # raised): say so, and report the run's last logged metrics.
+    logging.info("this run already finished at step %d (total_steps=%d); raise "
+                 "--config.total_steps to train on", start_step, config.total_steps)
+    last = last_logged_metrics(workdir, start_step)
+  else:
+    logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
+                 config.total_steps, step_flops)
   try:
     for step in range(start_step + 1, config.total_steps + 1):
       batch = sharding.global_batch(mesh, next(train_iter))

@@ -258,3 +258,17 @@ def test_dry_run_describes_the_launch_and_writes_nothing(trained, tmp_path,
   fresh = tmp_path / "fresh"
   assert "new (will be created)" in dry(fresh)
   assert not fresh.exists()
+
+
+def test_the_same_command_on_a_finished_run_reports_it_again(trained, tmp_path,
+                                                            tokenizer_file):
+  """`make demo` twice: the second run trains nothing, changes nothing, and
+  still prints the result table next to the baselines."""
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  metrics_before = (workdir / "metrics.jsonl").read_bytes()
+  out = run(workdir, tokenizer_file, "--config.total_steps=10")
+  assert "this run already finished at step 10" in out.stderr
+  assert "this model" in out.stdout and "unigram baseline" in out.stdout
+  assert (workdir / "metrics.jsonl").read_bytes() == metrics_before
+  assert snapshot(workdir) == {k: v for k, v in before.items()}
