@@ -117,10 +117,6 @@ def last_logged_metrics(workdir: str, step: int) -> dict:
   return merged
 
 
-def truncate_metrics(workdir: str, last_step: int) -> None:
-  metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"), last_step)
-
-
 # --------------------------------------------------------------------------
 # Helpers of the loop.
 # --------------------------------------------------------------------------
@@ -364,7 +360,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   state, restored_step = checkpoints.restore_latest_good(
       manager, abstract_state, train_iter, start_over=config.get("start_over", False))
   if is_main:  # Records after the step the run starts from are redone.
-    truncate_metrics(workdir, restored_step or 0)
+    metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"),
+                                  restored_step or 0)
   if state is not None:
     logging.info("resumed from %s at step %d", manager.directory, restored_step)
   else:

@@ -583,7 +583,8 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   # ------------------------------------------------------------- Train loop --
   writer = metric_writers.MetricWriter(workdir, is_main)
   watcher = preemption.PreemptionWatcher(manager)
-  history, evaluation, stop = list(progress["history"]), None, False
+  history, evaluation = list(progress["history"]), None
+  stop = stopped = False  # A signal arrived / the run stops before its end.
   step = int(jax.device_get(state.step))
   timer, timed_examples, compiled = time.perf_counter(), 0, False
   try:
@@ -618,10 +619,11 @@ def _run(config, workdir: str, problem, mesh) -> dict:
           logging.info(metric_writers.format_console(step, total_steps, logged))
           timer, timed_examples = time.perf_counter(), 0
         stop = watcher.reached(step)
-        if stop and i < steps_per_epoch - 1:
+        if stop and i < steps_per_epoch - 1:  # Mid-epoch: save where it is.
           save(step, epoch, i + 1)
+          stopped = True
           break
-      if stop and i < steps_per_epoch - 1:
+      if stopped:
         break
 
       # ----------------------------------------------------- Evaluation --
@@ -633,14 +635,15 @@ def _run(config, workdir: str, problem, mesh) -> dict:
                    ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
       save(step, epoch + 1, 0)
       timer, timed_examples = time.perf_counter(), 0
-      if stop and epoch < config.num_epochs:
+      if stop and epoch < config.num_epochs:  # Saved just above.
+        stopped = True
         break
   finally:
     watcher.close()
     manager.wait_until_finished()
     manager.close()
     writer.close()
-  if stop and (evaluation is None or history[-1]["epoch"] < config.num_epochs):
+  if stopped:
     logging.warning("%s: saved a checkpoint at step %d in %s; run the same command "
                     "to resume", "interrupted (Ctrl-C)" if watcher.signal_name ==
                     "SIGINT" else "preempted", step, manager.directory)
