@@ -23,5 +23,12 @@ setup(
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
     ],
-    extras_require={"test": ["pytest>=8.0", "pytest-xdist>=3.5"]},
+    extras_require={
+        # python -m maelm_jax.export_hf (writes safetensors and a fast tokenizer).
+        "export": ["safetensors>=0.4", "tokenizers>=0.20"],
+        # The tests load exports with transformers on PyTorch; torch is pinned to
+        # the CPU wheel (an open range pulls a multi-GB CUDA build).
+        "test": ["pytest>=8.0", "pytest-xdist>=3.5", "safetensors>=0.4",
+                 "tokenizers>=0.20", "torch==2.13.0", "transformers==4.57.6"],
+    },
 )

@@ -8,10 +8,11 @@ import logging as pylogging
 import os
 import re
 import sys
-import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from maelm_jax.errors import error_message, is_user_error
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
                                 "configs/pretrain.py:objective=maelm,size=tiny",
@@ -20,27 +21,6 @@ flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer 
 flags.DEFINE_bool("verbose", False, "Print the full traceback of an error that "
                   "maelm_jax reports in a line (bad config, input or workdir).")
 flags.mark_flags_as_required(["config", "workdir"])
-
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# The types the project's own checks raise; raised from inside maelm_jax they are
-# a message for the user (what is wrong, the fix), not a bug.
-USER_ERROR_TYPES = (ValueError, FileNotFoundError, PermissionError, KeyError,
-                    FloatingPointError, TimeoutError, IsADirectoryError,
-                    FileExistsError, RuntimeError)
-
-
-def is_user_error(error: BaseException) -> bool:
-  """Raised by maelm_jax's own code (its innermost frame is in the package), as
-  opposed to an error inside JAX, orbax or Python that needs its traceback."""
-  if not isinstance(error, USER_ERROR_TYPES):
-    return False
-  frames = traceback.extract_tb(error.__traceback__)
-  return bool(frames) and frames[-1].filename.startswith(PACKAGE_DIR)
-
-
-def error_message(error: BaseException) -> str:
-  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-  return f"error: {text}\n(the traceback: rerun with --verbose)"
 
 
 def parse_flags(argv):

@@ -1,0 +1,179 @@
+"""Export to Hugging Face transformers: each kind of export loaded with transformers
+on PyTorch, its hidden states and MLM logits matched against maelm-jax, its
+tokenizer against the project's ids; and the mistakes a hurried user makes."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+# Before transformers is imported: remote code is copied under HF_MODULES_CACHE.
+os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="hf_modules_"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from maelm_jax import checkpoints, export_hf, model as model_lib, sources  # noqa: E402
+from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
+from tests.helpers import tiny_config  # noqa: E402
+
+TRICKY_TEXTS = [
+    "Hello world", "  leading,   inner   and trailing spaces  ", "tabs\tand\nnew lines",
+    "", "naïve café ﬁ ① Ｆｕｌｌ-width", "a literal [MASK] and [CLS] stay text",
+    "emoji 😀 and 中文", "1999, 2,000.5 and 3.14", "no\u00a0break\u200bzero width",
+    "don't ‘quote’ “me”", "UPPER lower MiXeD", "punctuation!?;:()[]{}<>",
+]
+
+
+def pretrain(workdir, **overrides):
+  """A 2-step tiny pretraining run on the embedded pydoc corpus."""
+  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  objective = overrides.pop("objective", "mlm")
+  config = tiny_config(objective, **{
+      "data.source": "pydoc:", "data.eval_fraction": 0.05,
+      "tokenizer.vocab_size": 600, "batch_size": 8, "seq_len": 64,
+      "total_steps": 2, "warmup_steps": 1, "eval_batches": 1, "log_every": 1,
+      "eval_every": 2, "checkpoint_every": 2, **overrides})
+  train.train_and_evaluate(config, str(workdir))
+  return workdir
+
+
+def jax_outputs(workdir, input_ids):
+  """Last hidden states and MLM-head logits of the JAX model, float32."""
+  p = checkpoints.load_pretrained(str(workdir), encoder_only=False)
+  cfg = p.model_cfg.__class__(**{**p.model_cfg.__dict__, "dtype": jnp.float32})
+  hidden = model_lib.Encoder(cfg).apply(
+      {"params": model_lib.encoder_params(p.params)}, jnp.asarray(input_ids))
+  logits = model_lib.LMHead(cfg).apply({"params": p.params["lm_head"]}, hidden,
+                                       p.params["token_embed"]["embedding"])
+  return np.asarray(hidden), np.asarray(logits)
+
+
+def pydoc_sentences():
+  """Every sentence of the embedded pydoc corpus (about 3,500)."""
+  source = sources.open_source("pydoc:", "train")
+  return [s for i in range(len(source)) for s in source[i].split(". ") if s]
+
+
+def check_export(out, workdir, model_class, remote):
+  kwargs = {"trust_remote_code": True} if remote else {}
+  ref = np.load(os.path.join(out, "reference_outputs.npz"))
+  valid = ref["attention_mask"].astype(bool)
+  assert (~valid).any(), "the reference rows should include padding"
+
+  model = transformers.AutoModel.from_pretrained(out, **kwargs).eval()
+  with torch.no_grad():
+    hidden = model(input_ids=torch.tensor(ref["input_ids"]),
+                   attention_mask=torch.tensor(ref["attention_mask"])
+                   ).last_hidden_state.numpy()
+  np.testing.assert_allclose(hidden[valid], ref["last_hidden_state"][valid],
+                             atol=1e-4, rtol=0)
+  jax_hidden, jax_logits = jax_outputs(workdir, ref["input_ids"])
+  np.testing.assert_allclose(ref["last_hidden_state"], jax_hidden, atol=1e-5)
+
+  mlm = transformers.AutoModelForMaskedLM.from_pretrained(out, **kwargs).eval()
+  assert type(mlm).__name__ == model_class
+  with torch.no_grad():
+    logits = mlm(input_ids=torch.tensor(ref["input_ids"]),
+                 attention_mask=torch.tensor(ref["attention_mask"])).logits.numpy()
+  np.testing.assert_allclose(logits[valid], jax_logits[valid], atol=1e-4, rtol=0)
+
+  hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+  ours = tokenizer_lib.Tokenizer(os.path.join(workdir, "tokenizer.model"))
+  for text in TRICKY_TEXTS:
+    assert hf_tok(text)["input_ids"] == [2] + ours.encode_one(text) + [3], text
+  # Real text: identical ids, except where two segmentations are the same pieces
+  # in another order (runs of one character, "====="): SentencePiece's float32
+  # path scores then break the tie where `tokenizers` (float64) sees a tie.
+  sentences = pydoc_sentences()
+  differ = [t for t in sentences
+            if hf_tok(t)["input_ids"] != [2] + ours.encode_one(t) + [3]]
+  assert len(differ) <= 0.02 * len(sentences), differ[:5]
+  for text in differ:
+    assert sorted(hf_tok(text)["input_ids"]) == sorted([2, *ours.encode_one(text), 3])
+  a, b = TRICKY_TEXTS[0], TRICKY_TEXTS[5]
+  assert hf_tok(a, b)["input_ids"] == [2, *ours.encode_one(a), 3, *ours.encode_one(b), 3]
+  assert hf_tok(TRICKY_TEXTS[5])["input_ids"].count(4) == 0  # "[MASK]" is text
+  batch = hf_tok(["short", "a somewhat longer sentence"], padding=True)
+  assert batch["input_ids"][0][-1] == 0 and set(batch) == {"input_ids", "attention_mask"}
+  return model
+
+
+def test_custom_export_matches_jax_and_tokenizes_like_the_project(tmp_path):
+  """The project's default encoder (pre-LN, relative bias, tied head) through
+  trust_remote_code; hidden states, MLM logits and ids match."""
+  workdir = pretrain(tmp_path / "mlm")
+  out = tmp_path / "hf"
+  assert export_hf.export(str(workdir), str(out), with_lm_head=True) == "maelm"
+  assert {"configuration_maelm.py", "modeling_maelm.py", "model.safetensors",
+          "tokenizer.json", "README.md"} <= set(os.listdir(out))
+  model = check_export(str(out), workdir, "MaelmForMaskedLM", remote=True)
+  assert type(model).__name__ == "MaelmModel"
+  assert model.config.ln_type == "pre" and model.config.relative_position_bias
+  card = (out / "README.md").read_text()
+  assert "objective | mlm" in card and "steps | 2 of 2" in card
+
+  # Encoder only: no head weights, and the same hidden states.
+  enc_out = tmp_path / "hf_encoder"
+  export_hf.export(str(workdir), str(enc_out))
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  names = load_file(str(enc_out / "model.safetensors")).keys()
+  assert not any(n.startswith("lm_head") for n in names)
+  np.testing.assert_array_equal(
+      np.load(enc_out / "reference_outputs.npz")["last_hidden_state"],
+      np.load(out / "reference_outputs.npz")["last_hidden_state"])
+
+
+def test_post_ln_absolute_positions_export_as_plain_roberta(tmp_path):
+  """A post-LN encoder without relative bias (untied head, BPE tokenizer) loads as
+  transformers' own RobertaModel, no remote code."""
+  workdir = pretrain(tmp_path / "post", **{
+      "model.ln_type": "post", "model.relative_position_bias": False,
+      "model.tie_embeddings": False, "tokenizer.model_type": "bpe"})
+  out = tmp_path / "hf"
+  assert export_hf.export(str(workdir), str(out), with_lm_head=True) == "roberta"
+  assert not (out / "modeling_maelm.py").exists()
+  config = json.loads((out / "config.json").read_text())
+  assert config["model_type"] == "roberta" and "auto_map" not in config
+  model = check_export(str(out), workdir, "RobertaForMaskedLM", remote=False)
+  assert type(model).__name__ == "RobertaModel"
+
+
+def test_mistakes_are_refused_before_anything_is_written(tmp_path):
+  workdir = pretrain(tmp_path / "maelm", objective="maelm")
+  # Somebody else's directory: refused, untouched.
+  theirs = tmp_path / "theirs"
+  theirs.mkdir()
+  (theirs / "notes.txt").write_text("keep me")
+  with pytest.raises(FileExistsError, match="not an earlier export"):
+    export_hf.export(str(workdir), str(theirs))
+  assert os.listdir(theirs) == ["notes.txt"]
+  # The MAE-LM head reads the decoder, which is never exported.
+  with pytest.raises(ValueError, match="decoder is not exported"):
+    export_hf.export(str(workdir), str(tmp_path / "x"), with_lm_head=True)
+  with pytest.raises(ValueError, match=r"checkpoints at steps \[2\]"):
+    export_hf.export(str(workdir), str(tmp_path / "x"), step=7)
+  assert not (tmp_path / "x").exists()
+  # An earlier export is replaced only when asked.
+  out = tmp_path / "hf"
+  export_hf.export(str(workdir), str(out))
+  with pytest.raises(FileExistsError, match="--overwrite"):
+    export_hf.export(str(workdir), str(out))
+  export_hf.export(str(workdir), str(out), overwrite=True)
+  assert json.loads((out / "export.json").read_text())["step"] == 2
+  assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+
+
+def test_cli_says_a_missing_workdir_in_one_line(tmp_path):
+  done = subprocess.run(
+      [sys.executable, "-m", "maelm_jax.export_hf", f"--workdir={tmp_path}/nope",
+       f"--out={tmp_path}/hf"], capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[0].startswith("error: ")
+  assert "pretraining run" in done.stderr and "Traceback" not in done.stderr
