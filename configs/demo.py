@@ -1,6 +1,7 @@
 r"""The embedded default behind `make demo`: a tiny MAE-LM, offline, in minutes.
 
   python -m maelm_jax.main --config=configs/demo.py --workdir=workdirs/demo
+  python -m maelm_jax.main --config=configs/demo.py:objective=mlm --workdir=workdirs/demo_mlm
 
 Trains a SentencePiece tokenizer and pretrains a tiny MAE-LM on the English
 documentation that ships with CPython (`pydoc_data`) with the default (fast)
@@ -21,8 +22,13 @@ _spec.loader.exec_module(pretrain)
 
 
 def get_config(arg=None):
-  del arg
-  config = pretrain.get_config("objective=maelm,size=tiny,recipe=fast")
+  """arg: "" or "objective=mlm|maelm|3ml" (default maelm)."""
+  options = dict(item.split("=", 1) for item in (arg or "").split(",") if item)
+  unknown = set(options) - {"objective"}
+  if unknown:
+    raise ValueError(f"configs/demo.py takes only objective=..., not {sorted(unknown)}")
+  objective = options.get("objective", "maelm")
+  config = pretrain.get_config(f"objective={objective},size=tiny,recipe=fast")
   config.unlock()
   config.data.source = "pydoc:"
   config.data.eval_fraction = 0.1
