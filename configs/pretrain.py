@@ -36,6 +36,10 @@ def get_config(arg=None):
   config.mode = "pretrain"
 
   config.total_steps = 10_000
+  # > 0: a compute budget instead. total_steps becomes total_flops / the train
+  # FLOPs of one step (maelm_jax/flops.py, the model behind `mfu`), so runs of
+  # different objectives or sizes get equal compute without hand arithmetic.
+  config.total_flops = 0.0
   config.batch_size = 64  # Global, in sequences.
   config.seq_len = 128
   config.learning_rate = 5e-4

@@ -50,7 +50,22 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       m[key] = value
   if m.get("decoder_layers") is None:
     m.decoder_layers = 0 if m.decoder_type == "none" else model_lib.SIZES[m.size][4]
+  if config.get("total_flops", 0.0) > 0:
+    config.total_steps = steps_for_flops(config)
   return config
+
+
+def train_flops_per_step(config: ml_collections.ConfigDict) -> int:
+  """Train FLOPs of one step of a resolved pretraining config (flops.py)."""
+  from maelm_jax import flops, tokenizer  # pylint: disable=g-import-not-at-top
+  model_cfg = model_lib.ModelConfig.from_config(
+      config.model, config.tokenizer.vocab_size, tokenizer.MASK_ID)
+  return flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+
+
+def steps_for_flops(config: ml_collections.ConfigDict) -> int:
+  """The step count that spends `config.total_flops` (rounded, at least 1)."""
+  return max(1, round(config.total_flops / train_flops_per_step(config)))
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -108,6 +123,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"seq_len={config.seq_len} must be between 8 and model.max_positions="
        f"{m.max_positions}; raise --config.model.max_positions")
   need(config.total_steps >= 1, f"total_steps={config.total_steps} must be >= 1")
+  need(config.get("total_flops", 0.0) >= 0,
+       f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
   need(config.warmup_steps >= 0,
        f"warmup_steps={config.warmup_steps} must be >= 0")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
@@ -131,7 +148,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 # Keys that may change when resuming a workdir: run length, cadence, hardware.
 RESUMABLE_CHANGES = frozenset({
-    "total_steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+    "total_steps", "total_flops", "log_every", "eval_every", "eval_batches", "checkpoint_every",
     "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
     "peak_flops_per_device", "nonfinite_policy", "allow_config_change",
@@ -164,6 +181,7 @@ ADDED_KEYS = {
     "keep_final_checkpoint": False,
     "pooling": "cls",
     "data.on_bad_text": "warn",
+    "total_flops": 0.0,
 }
 
 

@@ -399,8 +399,8 @@ tags: [maelm-jax, {config.model.objective}, feature-extraction]
 ---
 # {os.path.basename(os.path.normpath(workdir))}: a maelm-jax encoder
 
-Pretrained with [maelm-jax](https://github.com/) and exported by
-`python -m maelm_jax.export_hf --workdir={workdir}`.
+Pretrained with maelm-jax (JAX/Flax) and exported by
+`python -m maelm_jax.export_hf --workdir={workdir}` (step {pretrained.step}).
 
 | | |
 |---|---|
@@ -460,14 +460,13 @@ def export(workdir: str, out: str, *, step: int | None = None,
         f"--with_lm_head: the LM head of this {run_config['model']['objective']} run "
         "reads its decoder's output, and the decoder is not exported; export the "
         "encoder alone (drop --with_lm_head), or use an MLM run")
-  steps = checkpoints.step_dirs(workdir) if os.path.isdir(
-      checkpoints.checkpoint_dir(workdir)) else []
-  if step is None and checkpoints.latest_step(workdir) is None:
+  steps = sorted(s for s, d in checkpoints.step_dirs(workdir).items()
+                 if checkpoints.is_committed(d))
+  if not steps:
     raise FileNotFoundError(f"no finished checkpoint in "
                             f"{checkpoints.checkpoint_dir(workdir)}; train first")
   if step is not None and step not in steps:
-    raise ValueError(f"--step={step}: {workdir} has checkpoints at steps "
-                     f"{sorted(steps)}")
+    raise ValueError(f"--step={step}: {workdir} has checkpoints at steps {steps}")
 
   pretrained = checkpoints.load_pretrained(workdir, encoder_only=not with_lm_head,
                                            step=step)

@@ -1,0 +1,81 @@
+r"""The papers' comparison as a sweep: MLM vs MAE-LM vs 3ML (self- and
+cross-attention decoder) at equal pretraining compute, plus 3ML at 78% of it.
+
+  python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=20 \
+      --out=/tmp/compare --glue_dir=/data/glue \
+      --config.data.source='text:/data/books/*.txt'
+  python -m maelm_jax.sweep --config=configs/compare.py:size=tiny,tflops=20 \
+      --sweep_dir=/tmp/compare/pretrain [--launch=tpu_pod]   # pretraining only
+
+Arguments: size (tiny), recipe (fast), tflops (each run's pretraining budget in
+TFLOPs: total_flops, so each objective's step count follows from its own cost
+per step, flops.py), seeds (pretraining seeds, e.g. "0+1"), frac_3ml (0.78: 3ML
+also at that fraction of the budget, as in the 3ML paper; 0 for none).
+
+`get_finetune` is the downstream protocol `maelm_jax.compare` applies to every
+pretrained encoder (configs/glue.py with these overrides; measured in
+benchmarks/RESULTS.md, "Does pretraining help downstream?").
+"""
+
+import importlib.util
+import pathlib
+
+from maelm_jax import config_lib
+
+_spec = importlib.util.spec_from_file_location(
+    "maelm_configs_pretrain", pathlib.Path(__file__).with_name("pretrain.py"))
+pretrain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pretrain)
+
+# name: the keys that make the objective (the rest is the objective's default).
+OBJECTIVES = {
+    "mlm": {"model.objective": "mlm"},
+    "maelm": {"model.objective": "maelm"},
+    "3ml": {"model.objective": "3ml", "model.decoder_type": "self"},
+    "3mlx": {"model.objective": "3ml", "model.decoder_type": "cross"},
+}
+
+
+def _arg(arg):
+  return config_lib.parse_arg(arg, size="tiny", recipe="fast", tflops=20.0,
+                              seeds="0+1", frac_3ml=0.78)
+
+
+def get_config(arg=None):
+  """The base of every run: configs/pretrain.py at `size` and `recipe`."""
+  a = _arg(arg)
+  config = pretrain.get_config(f"objective=maelm,size={a.size},recipe={a.recipe}")
+  config.unlock()
+  config.total_flops = a.tflops * 1e12
+  config.model.dtype = "float32" if a.size == "tiny" else config.model.dtype
+  config.eval_every = 500
+  config.eval_batches = 10
+  config.checkpoint_every = 500
+  config.log_every = 100
+  config.lock()
+  return config
+
+
+def get_sweep(arg=None):
+  a = _arg(arg)
+  seeds = [int(s) for s in a.seeds.split("+")]
+  runs = [{"name": f"{name}_seed{seed}", "seed": seed, **keys}
+          for name, keys in OBJECTIVES.items() for seed in seeds]
+  if a.frac_3ml:
+    runs += [{"name": f"3ml_{round(100 * a.frac_3ml)}pct_seed{seed}", "seed": seed,
+              "total_flops": a.frac_3ml * a.tflops * 1e12, **OBJECTIVES["3ml"]}
+             for seed in seeds]
+  return runs
+
+
+def get_finetune(arg=None):
+  """Fine-tuning of every pretrained encoder: common overrides, per-task ones,
+  and the fine-tuning seeds (the median over them is reported)."""
+  del arg
+  common = {"pooling": "mean", "learning_rate": 1e-3, "dtype": "float32",
+            "batch_size": 32, "log_every": 100}
+  tasks = {"sst2": {"num_epochs": 2, "max_seq_len": 64,
+                    "data.max_train_examples": 8000},
+           "qnli": {"num_epochs": 3, "max_seq_len": 128},
+           "cola": {"num_epochs": 2, "max_seq_len": 48}}
+  return {"common": common, "tasks": tasks, "seeds": (1, 2, 3)}

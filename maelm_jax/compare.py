@@ -1,0 +1,312 @@
+r"""The papers' comparison in one command: pretrain every objective of a sweep
+config at equal compute, fine-tune each encoder, measure its effective rank,
+and write one table and one figure.
+
+  python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=20 \
+      --out=/tmp/compare --glue_dir=../shared/data/glue \
+      --config.data.source='text:../shared/data/corpus/gutenberg/*.txt.xz'
+
+Steps (each resumable: the same command skips what is done and checks that what
+is on disk was made with this config):
+  1. one tokenizer for every run (`<out>/tokenizer/`, unless
+     --config.tokenizer.path is given), so that their numbers are comparable;
+  2. pretraining: the sweep (`maelm_jax.sweep`) into `<out>/pretrain/<run>`;
+  3. fine-tuning: each encoder on --tasks with the config's `get_finetune`
+     protocol (configs/glue.py + overrides), one run per fine-tuning seed, into
+     `<out>/finetune/<run>`; QNLI trains on a fixed half of its dev set and is
+     scored on the other half (`<out>/glue/QNLI`), SST-2 and CoLA use their own
+     train and dev sets; the last epoch of each run is scored;
+  4. effective rank of every encoder (`maelm_jax.analyze`) into `<out>/rank`;
+  5. `<out>/comparison.json`, `comparison.md` (one row per run, one per
+     objective: the mean over pretraining seeds of the fine-tuning medians) and
+     `comparison.png` (downstream score against pretraining FLOPs, one line per
+     objective).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+import random
+import statistics
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from maelm_jax import analyze, config_lib, errors, sweep
+from maelm_jax.finetune import sweep as finetune_sweep
+
+GLUE_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "glue.py")
+TASK_DIRS = {"sst2": "SST-2", "cola": "CoLA", "qnli": "QNLI"}
+
+
+# --------------------------------------------------------------------------
+# Data.
+# --------------------------------------------------------------------------
+
+
+def split_in_halves(dev_tsv: str, out_dir: str, seed: int = 0) -> None:
+  """A GLUE dev.tsv as train.tsv and dev.tsv: two fixed random halves."""
+  with open(dev_tsv, newline="") as f:
+    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  header, body = rows[0], rows[1:]
+  order = list(range(len(body)))
+  random.Random(seed).shuffle(order)
+  half = len(body) // 2
+  os.makedirs(out_dir, exist_ok=True)
+  for name, indices in (("train.tsv", order[:half]), ("dev.tsv", order[half:])):
+    with open(os.path.join(out_dir, name), "w", newline="") as f:
+      writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
+                          escapechar=None, lineterminator="\n")
+      writer.writerow(header)
+      writer.writerows(body[i] for i in sorted(indices))
+
+
+def glue_root(glue_dir: str, out: str, tasks) -> str:
+  """`<out>/glue`: links to --glue_dir's tasks, and QNLI dev in two halves."""
+  root = os.path.join(out, "glue")
+  os.makedirs(root, exist_ok=True)
+  for task in tasks:
+    source = os.path.join(os.path.abspath(glue_dir), TASK_DIRS[task])
+    if not os.path.isfile(os.path.join(source, "dev.tsv")):
+      raise FileNotFoundError(f"--glue_dir={glue_dir} has no {TASK_DIRS[task]}/dev.tsv;"
+                              " pass the GLUE root holding it, or leave the task out "
+                              "of --tasks")
+    target = os.path.join(root, TASK_DIRS[task])
+    if task == "qnli":
+      if not os.path.isfile(os.path.join(target, "dev.tsv")):
+        split_in_halves(os.path.join(source, "dev.tsv"), target)
+    elif not os.path.exists(target):
+      os.symlink(source, target)
+  return root
+
+
+def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
+  """Trains the runs' tokenizer once (the first run's settings and data)."""
+  from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  config = sweep.expand(config_file, overrides)[0]["config"]
+  directory = os.path.join(out, "tokenizer")
+  path = os.path.join(directory, tokenizer_lib.TOKENIZER_FILENAME)
+  if not os.path.exists(path):
+    data = config.data
+    source = sources.open_source(data.source, "train", eval_fraction=data.eval_fraction,
+                                 text_field=data.text_field,
+                                 tfds_data_dir=data.tfds_data_dir or None)
+    tokenizer_lib.load_or_train_tokenizer(
+        directory, lambda: pipeline.training_texts(source),
+        vocab_size=config.tokenizer.vocab_size,
+        model_type=config.tokenizer.model_type, path=None,
+        max_sentences=config.tokenizer.max_sentences, seed=0, is_writer=True)
+  return path
+
+
+# --------------------------------------------------------------------------
+# Results.
+# --------------------------------------------------------------------------
+
+
+def _last_eval(workdir: str) -> dict:
+  last = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      if "eval/mask_accuracy" in record:
+        last = record
+  return last
+
+
+def group_of(name: str) -> str:
+  """The objective line a run belongs to: its name without seed (and budget)."""
+  stem = name.rsplit("_seed", 1)[0]
+  return stem.split("_", 1)[0] if stem.endswith("pct") else stem
+
+
+def summarize(runs, finetune_reports: dict, ranks: dict) -> dict:
+  rows = []
+  for run in runs:
+    config, name = run["config"], run["name"]
+    ev = _last_eval(run["workdir"])
+    report = finetune_reports.get(name, {"tasks": {}})
+    scores = {task: entry["median"][entry["main_metric"]]
+              for task, entry in report["tasks"].items()}
+    rank = ranks.get(run["workdir"], {}).get("rank", {})
+    rows.append({
+        "run": name, "group": group_of(name), "objective": config.model.objective,
+        "decoder": config.model.decoder_type, "seed": config.seed,
+        "steps": config.total_steps,
+        "flops": config_lib.train_flops_per_step(config) * config.total_steps,
+        "mask_accuracy": ev.get("eval/mask_accuracy"),
+        "mask_loss": ev.get("eval/mask_loss"),
+        "unigram_accuracy": ev.get("eval/unigram_accuracy"),
+        "bigram_accuracy": ev.get("eval/bigram_accuracy"),
+        "downstream": scores,
+        "rank_real_last": (rank.get("real", {}).get("entropy") or [None])[-1]})
+  groups = {}
+  for row in rows:
+    key = (row["group"], row["flops"] // 1e9)
+    groups.setdefault(key, []).append(row)
+  by_group = []
+  for (group, _), members in groups.items():
+    tasks = sorted({t for r in members for t in r["downstream"]})
+    mean = lambda values: statistics.mean(values) if values else None
+    by_group.append({
+        "group": group, "flops": statistics.mean(r["flops"] for r in members),
+        "pretraining_seeds": len(members),
+        "mask_accuracy": mean([r["mask_accuracy"] for r in members
+                               if r["mask_accuracy"] is not None]),
+        "downstream": {t: mean([r["downstream"][t] for r in members
+                                if t in r["downstream"]]) for t in tasks},
+        "downstream_spread": {t: [min(r["downstream"][t] for r in members),
+                                  max(r["downstream"][t] for r in members)]
+                              for t in tasks},
+        "rank_real_last": mean([r["rank_real_last"] for r in members
+                                if r["rank_real_last"] is not None])})
+  return {"runs": rows, "groups": by_group}
+
+
+def format_markdown(summary: dict, tasks) -> str:
+  pct = lambda v: "" if v is None else f"{100 * v:.1f}"
+  head = " | ".join(tasks)
+  lines = ["Per objective: the mean over pretraining seeds (the range in brackets) of "
+           "each run's median over fine-tuning seeds; GLUE metrics x100; effective "
+           "rank (entropy) of real tokens at the last layer.", "",
+           f"| objective | TFLOPs | seeds | [MASK] acc | {head} | rank |",
+           "|---|--:|--:|--:|" + "--:|" * len(tasks) + "--:|"]
+  for g in sorted(summary["groups"], key=lambda g: (g["group"], g["flops"])):
+    cells = [f"{pct(g['downstream'].get(t))} ({pct(g['downstream_spread'][t][0])}-"
+             f"{pct(g['downstream_spread'][t][1])})" if t in g["downstream"] else ""
+             for t in tasks]
+    rank = "" if g["rank_real_last"] is None else f"{g['rank_real_last']:.1f}"
+    lines.append(f"| {g['group']} | {g['flops'] / 1e12:.1f} | {g['pretraining_seeds']} "
+                 f"| {pct(g['mask_accuracy'])} | " + " | ".join(cells) + f" | {rank} |")
+  lines += ["", "Per run:", "",
+            f"| run | steps | TFLOPs | [MASK] acc / loss | unigram / bigram acc | {head} |",
+            "|---|--:|--:|--:|--:|" + "--:|" * len(tasks)]
+  for r in summary["runs"]:
+    loss = "" if r["mask_loss"] is None else f"{r['mask_loss']:.3f}"
+    lines.append(
+        f"| {r['run']} | {r['steps']} | {r['flops'] / 1e12:.1f} | "
+        f"{pct(r['mask_accuracy'])} / {loss} | {pct(r['unigram_accuracy'])} / "
+        f"{pct(r['bigram_accuracy'])} | "
+        + " | ".join(pct(r["downstream"].get(t)) for t in tasks) + " |")
+  return "\n".join(lines)
+
+
+def plot(summary: dict, tasks, path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  panels = list(tasks) + ["mask_accuracy"]
+  fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
+  names = sorted({g["group"] for g in summary["groups"]})
+  for color, name in enumerate(names):
+    points = sorted((g for g in summary["groups"] if g["group"] == name),
+                    key=lambda g: g["flops"])
+    for ax, panel in zip(axes[0], panels):
+      xs = [g["flops"] / 1e12 for g in points]
+      if panel == "mask_accuracy":
+        ys = [100 * g["mask_accuracy"] for g in points]
+      else:
+        ys = [100 * g["downstream"][panel] for g in points]
+        low = [100 * g["downstream_spread"][panel][0] for g in points]
+        high = [100 * g["downstream_spread"][panel][1] for g in points]
+        ax.vlines(xs, low, high, color=f"C{color}", alpha=0.5)
+      ax.plot(xs, ys, "o-", color=f"C{color}", label=name)
+  for ax, panel in zip(axes[0], panels):
+    ax.set(xlabel="pretraining TFLOPs", title=panel.replace("_", " "))
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+# The comparison.
+# --------------------------------------------------------------------------
+
+
+def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
+            tasks=("sst2", "qnli", "cola"), num_tokens: int = 4096,
+            command: str = "") -> dict:
+  out = os.path.abspath(out)
+  unknown = sorted(set(tasks) - set(TASK_DIRS))
+  if unknown:
+    raise ValueError(f"--tasks: {unknown} not supported; use some of {sorted(TASK_DIRS)}")
+  module = finetune_sweep.load_config_module(config_file)
+  arg = config_file.split(":", 1)[1] if ":" in config_file else None
+  if not hasattr(module, "get_finetune"):
+    raise ValueError(f"{config_file.split(':')[0]} defines no get_finetune(arg), the "
+                     "fine-tuning protocol (see configs/compare.py)")
+  protocol = module.get_finetune(arg)
+  sweep.expand(config_file, overrides)  # Every config error before any work.
+  data_dir = glue_root(glue_dir, out, tasks) if tasks else ""
+
+  overrides = dict(overrides)
+  if not overrides.get("tokenizer.path"):
+    overrides["tokenizer.path"] = shared_tokenizer(config_file, overrides, out)
+  runs = sweep.run_sweep(config_file, os.path.join(out, "pretrain"), overrides)
+
+  reports = {}
+  for run in runs:
+    sweep_dir = os.path.join(out, "finetune", run["name"])
+    for task in tasks:
+      points = finetune_sweep.grid_configs(
+          GLUE_CONFIG, [task],
+          {**protocol["common"], **protocol["tasks"].get(task, {}),
+           "init_from": run["workdir"], "data.dir": data_dir},
+          [protocol["common"]["learning_rate"]], protocol["seeds"])
+      finetune_sweep.run_grid(points, sweep_dir)
+    if tasks:
+      reports[run["name"]] = finetune_sweep.write_report(sweep_dir, "last")
+
+  ranks = analyze.analyze([r["workdir"] for r in runs], os.path.join(out, "rank"),
+                          num_tokens=num_tokens)["runs"]
+  summary = summarize(runs, reports, ranks)
+  summary.update(command=command, config=config_file, tasks=list(tasks),
+                 finetune=protocol)
+  with open(os.path.join(out, "comparison.json"), "w") as f:
+    json.dump(summary, f, indent=2, default=str)
+  with open(os.path.join(out, "comparison.md"), "w") as f:
+    f.write(f"`{command}`\n\n" + format_markdown(summary, tasks) + "\n")
+  plot(summary, tasks, os.path.join(out, "comparison.png"))
+  return summary
+
+
+def _define_flags() -> None:
+  config_flags.DEFINE_config_file("config", None, "A sweep config with get_finetune, "
+                                  "e.g. configs/compare.py:size=tiny,tflops=20",
+                                  lock_config=False)
+  flags.DEFINE_string("out", None, "Where everything goes")
+  flags.DEFINE_string("glue_dir", "", "GLUE root with SST-2, CoLA, QNLI (*.tsv)")
+  flags.DEFINE_list("tasks", ["sst2", "qnli", "cola"], "Downstream tasks")
+  flags.DEFINE_integer("num_tokens", 4096, "Tokens per layer for the effective rank")
+  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
+  flags.mark_flags_as_required(["config", "out"])
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  FLAGS = flags.FLAGS
+  if FLAGS.tasks and not FLAGS.glue_dir:
+    raise app.UsageError("--glue_dir is required for --tasks (or pass --tasks=)")
+  try:
+    summary = errors.one_line_errors(
+        compare, config_flags.get_config_filename(FLAGS["config"]), FLAGS.out,
+        config_flags.get_override_values(FLAGS["config"]), glue_dir=FLAGS.glue_dir,
+        tasks=FLAGS.tasks, num_tokens=FLAGS.num_tokens, verbose=FLAGS.verbose,
+        command=" ".join(["python -m maelm_jax.compare"] + sys.argv[1:]))
+  except KeyboardInterrupt:
+    sys.stderr.write("stopped (the running run saved); the same command resumes\n")
+    sys.exit(130)
+  logging.info("wrote %s", os.path.join(os.path.abspath(FLAGS.out), "comparison.md"))
+  print(format_markdown(summary, FLAGS.tasks))
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,148 @@
+"""Pretraining sweeps declared in configs, FLOP budgets, and the comparison
+command end to end at toy size (two objectives, one seed, SST-2 format)."""
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+from maelm_jax import compare, config_lib, flops, model as model_lib, sweep
+from tests.helpers import tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# A sweep config as a user writes one: the base, the runs, the fine-tuning protocol.
+SWEEP_CONFIG = '''
+import importlib.util
+_spec = importlib.util.spec_from_file_location("p", "REPO/configs/pretrain.py")
+pretrain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pretrain)
+
+def get_config(arg=None):
+  config = pretrain.get_config("objective=maelm,size=tiny")
+  config.unlock()
+  config.data.source = "pydoc:"
+  config.data.eval_fraction = 0.1
+  config.tokenizer.vocab_size = 600
+  config.batch_size, config.seq_len = 8, 64
+  config.model.dtype = "float32"
+  config.total_flops = float(arg or 3) * BUDGET_PER_STEP
+  config.warmup_steps = 1
+  config.eval_every = config.checkpoint_every = config.log_every = 1
+  config.eval_batches = 1
+  config.baseline_tokens = 20_000
+  return config
+
+def get_sweep(arg=None):
+  return [{"name": "mlm_seed0", "model.objective": "mlm", "seed": 0},
+          {"name": "maelm_seed0", "model.objective": "maelm", "seed": 0}]
+
+def get_finetune(arg=None):
+  return {"common": {"learning_rate": 1e-3, "dtype": "float32", "batch_size": 16,
+                      "pooling": "mean", "dropout": 0.0, "attention_dropout": 0.0},
+          "tasks": {"sst2": {"num_epochs": 1, "max_seq_len": 24}}, "seeds": (1,)}
+'''
+
+
+def per_step(objective, **overrides):
+  config = tiny_config(objective, **{"tokenizer.vocab_size": 600, "batch_size": 8,
+                                     "seq_len": 64, **overrides})
+  model_cfg = model_lib.ModelConfig.from_config(config.model, 600, 4)
+  return flops.train_flops_per_step(model_cfg, 64, 8)
+
+
+def write_sweep_config(tmp_path) -> str:
+  # The budget unit is MLM's step, so MLM runs `arg` steps and MAE-LM (whose
+  # decoder makes a step dearer) fewer.
+  path = tmp_path / "my_sweep.py"
+  path.write_text(SWEEP_CONFIG.replace("REPO", str(REPO)).replace(
+      "BUDGET_PER_STEP", str(per_step("mlm"))))
+  return str(path)
+
+
+def test_a_flop_budget_sets_each_objectives_step_count():
+  mlm, maelm = per_step("mlm"), per_step("maelm")
+  assert maelm > mlm  # The self-attention decoder runs over the full length.
+  budget = 10 * maelm
+  for objective, cost in (("mlm", mlm), ("maelm", maelm)):
+    config = tiny_config(objective, **{"tokenizer.vocab_size": 600, "batch_size": 8,
+                                       "seq_len": 64, "total_flops": budget})
+    assert config.total_steps == round(budget / cost)
+    assert config_lib.train_flops_per_step(config) == cost
+  assert tiny_config("mlm", total_flops=1.0).total_steps == 1  # At least one step.
+
+
+def test_sweep_expands_and_prints_one_launch_command_per_run(tmp_path):
+  config_file = write_sweep_config(tmp_path) + ":6"
+  runs = sweep.expand(config_file, {"learning_rate": 1e-3})
+  assert [r["name"] for r in runs] == ["mlm_seed0", "maelm_seed0"]
+  assert [r["config"].total_steps for r in runs][0] == 6
+  assert runs[1]["config"].total_steps < 6
+  assert runs[1]["config"].model.decoder_type == "self"  # The objective's default.
+  assert all(r["config"].learning_rate == 1e-3 for r in runs)
+  with pytest.raises(ValueError, match="set per run by the sweep"):
+    sweep.expand(config_file, {"seed": 3})
+
+  local, pod, slurm = (sweep.launch_commands(runs, config_file, "/shared/s", {}, launcher)
+                       for launcher in sweep.LAUNCHERS)
+  assert local[0].startswith("launch/local.sh --num_processes=")
+  assert "--workdir=/shared/s/mlm_seed0" in local[0]
+  assert "--config.model.objective=maelm" in local[1]
+  assert "--skip_copy" not in pod[0] and "--skip_copy --skip_install" in pod[1]
+  assert slurm[1].startswith("sbatch launch/slurm_gpu.sbatch -- --config=")
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+  """`python -m maelm_jax.compare` at toy size, once for the tests below."""
+  tmp = tmp_path_factory.mktemp("compare")
+  config_file = write_sweep_config(tmp) + ":4"
+  from tests.test_finetune_e2e import write_sst2  # pylint: disable=g-import-not-at-top
+  write_sst2(tmp / "glue" / "SST-2")
+  out = tmp / "out"
+  done = subprocess.run(
+      [sys_executable(), "-m", "maelm_jax.compare", f"--config={config_file}",
+       f"--out={out}", f"--glue_dir={tmp / 'glue'}", "--tasks=sst2",
+       "--num_tokens=128"], capture_output=True, text=True, timeout=900, cwd=REPO)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return config_file, out, done
+
+
+def sys_executable():
+  import sys  # pylint: disable=g-import-not-at-top
+  return sys.executable
+
+
+def test_compare_writes_one_table_and_one_figure(comparison):
+  _, out, done = comparison
+  summary = json.loads((out / "comparison.json").read_text())
+  rows = {r["run"]: r for r in summary["runs"]}
+  assert set(rows) == {"mlm_seed0", "maelm_seed0"}
+  assert rows["mlm_seed0"]["steps"] == 4 and rows["maelm_seed0"]["steps"] < 4
+  # Equal compute: each run spent its budget to within one step.
+  for name, cost in (("mlm_seed0", per_step("mlm")), ("maelm_seed0", per_step("maelm"))):
+    assert abs(rows[name]["flops"] - 4 * per_step("mlm")) <= cost / 2
+    assert 0 <= rows[name]["downstream"]["sst2"] <= 1
+    assert 0 < rows[name]["rank_real_last"] <= 128
+    assert rows[name]["mask_accuracy"] is not None
+  assert {g["group"] for g in summary["groups"]} == {"mlm", "maelm"}
+  table = (out / "comparison.md").read_text()
+  assert "| mlm |" in table and "| maelm_seed0 |" in table
+  assert (out / "comparison.png").stat().st_size > 10_000
+  assert (out / "tokenizer" / "tokenizer.model").exists()  # One for both runs.
+  assert "| mlm |" in done.stdout
+
+
+def test_rerun_trains_nothing_and_another_config_is_refused(comparison, monkeypatch):
+  config_file, out, _ = comparison
+  tokenizer = str(out / "tokenizer" / "tokenizer.model")
+  calls = []
+  monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
+  runs = sweep.run_sweep(config_file, str(out / "pretrain"),
+                         {"tokenizer.path": tokenizer})
+  assert calls == [] and len(runs) == 2
+  with pytest.raises(ValueError, match="another config") as error:
+    sweep.run_sweep(config_file, str(out / "pretrain"),
+                    {"tokenizer.path": tokenizer, "learning_rate": 1e-4})
+  assert "learning_rate" in str(error.value) and calls == []
