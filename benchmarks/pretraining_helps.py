@@ -31,13 +31,11 @@ Writes its section of `--results` (between `<!-- pretraining_helps:start -->` an
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
 import pathlib
 import platform
-import random
 import shlex
 import statistics
 import subprocess
@@ -116,20 +114,9 @@ def pretrain(args, workdir: str, steps: int, extra: list[str]) -> dict:
 
 def qnli_halves(glue_root: pathlib.Path) -> None:
   """QNLI dev split in two fixed halves: train.tsv and dev.tsv of a GLUE dir."""
-  with open(SHARED / "glue" / "QNLI" / "dev.tsv", newline="") as f:
-    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-  header, body = rows[0], rows[1:]
-  order = list(range(len(body)))
-  random.Random(0).shuffle(order)
-  half = len(body) // 2
-  out = glue_root / "QNLI"
-  out.mkdir(parents=True, exist_ok=True)
-  for name, indices in (("train.tsv", order[:half]), ("dev.tsv", order[half:])):
-    with open(out / name, "w", newline="") as f:
-      writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE,
-                          quotechar=None, escapechar=None, lineterminator="\n")
-      writer.writerow(header)
-      writer.writerows(body[i] for i in sorted(indices))
+  from maelm_jax import compare  # pylint: disable=g-import-not-at-top
+  compare.split_in_halves(str(SHARED / "glue" / "QNLI" / "dev.tsv"),
+                          str(glue_root / "QNLI"))
 
 
 def glue_root(workdir: str) -> str:
