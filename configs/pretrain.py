@@ -44,6 +44,9 @@ def get_config(arg=None):
   config.seq_len = 128
   config.learning_rate = 5e-4
   config.warmup_steps = 500
+  # > 0: warm-up over this fraction of total_steps instead (so runs of a FLOP
+  # budget, whose step counts differ, warm up over the same share of training).
+  config.warmup_ratio = 0.0
   config.end_learning_rate_ratio = 0.0  # Linear decay to this fraction of the peak.
   config.weight_decay = 0.01
   config.adam_b1 = 0.9

@@ -52,6 +52,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     m.decoder_layers = 0 if m.decoder_type == "none" else model_lib.SIZES[m.size][4]
   if config.get("total_flops", 0.0) > 0:
     config.total_steps = steps_for_flops(config)
+  if config.get("warmup_ratio", 0.0) > 0:
+    config.warmup_steps = round(config.warmup_ratio * config.total_steps)
   return config
 
 
@@ -127,6 +129,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
   need(config.warmup_steps >= 0,
        f"warmup_steps={config.warmup_steps} must be >= 0")
+  need(0.0 <= config.get("warmup_ratio", 0.0) < 1.0,
+       f"warmup_ratio={config.get('warmup_ratio')} must be in [0, 1) (0: use "
+       "warmup_steps)")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
   need(config.batch_size >= 1 and config.grad_accum_steps >= 1 and
        config.batch_size % config.grad_accum_steps == 0,
@@ -182,6 +187,7 @@ ADDED_KEYS = {
     "pooling": "cls",
     "data.on_bad_text": "warn",
     "total_flops": 0.0,
+    "warmup_ratio": 0.0,
 }
 
 

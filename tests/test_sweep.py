@@ -71,6 +71,11 @@ def test_a_flop_budget_sets_each_objectives_step_count():
     assert config.total_steps == round(budget / cost)
     assert config_lib.train_flops_per_step(config) == cost
   assert tiny_config("mlm", total_flops=1.0).total_steps == 1  # At least one step.
+  # A warm-up ratio follows each run's own step count.
+  config = tiny_config("maelm", **{"tokenizer.vocab_size": 600, "batch_size": 8,
+                                   "seq_len": 64, "total_flops": budget,
+                                   "warmup_ratio": 0.25})
+  assert (config.total_steps, config.warmup_steps) == (10, 2)
 
 
 def test_sweep_expands_and_prints_one_launch_command_per_run(tmp_path):
