@@ -277,7 +277,10 @@ def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,
 
 
 def _label(path: str, run: dict) -> str:
-  return f"{run['objective']} ({os.path.basename(path)})"
+  """The objective, step and the workdir's last two path parts (runs are often
+  all called pretrain_<objective> in different folders)."""
+  where = os.path.join(*os.path.normpath(path).split(os.sep)[-2:])
+  return f"{run['objective']} step {run['step']} ({where})"
 
 
 def plot_ranks(results: dict, path: str) -> None:
@@ -293,8 +296,9 @@ def plot_ranks(results: dict, path: str) -> None:
         ax.plot(range(len(values)), values, "o" + style, color=f"C{color}",
                 label=f"{_label(workdir, run)} {kind}")
   for ax, definition in zip(axes, ("entropy (exp H)", "pca90")):
-    ax.set(xlabel="layer (0: embeddings)", ylabel=f"effective rank: {definition}")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set(xlabel="layer", ylabel=f"effective rank: {definition}")
+    longest = max(results["runs"].values(), key=lambda r: len(r["layers"]))["layers"]
+    ax.set_xticks(range(len(longest)), longest)
     ax.grid(alpha=0.3)
   handles, labels = axes[0].get_legend_handles_labels()
   fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
@@ -308,7 +312,7 @@ def plot_ranks(results: dict, path: str) -> None:
 def format_table(results: dict) -> str:
   lines = [f"effective rank of {results['num_tokens']} token vectors (centred)"]
   for workdir, run in results["runs"].items():
-    lines += ["", f"{_label(workdir, run)} step {run['step']}",
+    lines += ["", _label(workdir, run),
               f"  {'kind':18}{'def':9}" + "".join(f"{n:>10}" for n in run["layers"])]
     for kind in KINDS:
       for definition, values in run["rank"][kind].items():
