@@ -37,6 +37,10 @@ def parse_flags(argv):
               f"'{misspelt[2]}'?")
     elif re.fullmatch(r"[\"']*\w+[\"']*", text):
       text = f"--config has no key {text.strip(chr(34))}; see the config file for its keys"
+    elif "Error whilst parsing config file" in text and "Traceback" in text:
+      # get_config(arg) refused its argument: keep its message, not the traceback.
+      flag, _, rest = text.partition(": Error whilst parsing config file")
+      text = f"{flag}: " + re.split(r"\b\w*Error: ", rest)[-1]
     if "--verbose" in argv:
       raise
     sys.stderr.write(f"error in the command line: {text}\n")

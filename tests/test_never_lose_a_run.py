@@ -214,6 +214,11 @@ def test_errors_are_one_line_without_a_traceback(tmp_path, trained):
   assert misspelt.strip().splitlines() == [
       "error in the command line: --config has no key 'lerning_rate'; did you mean "
       "'learning_rate'?"]
+  bad_argument = fails([sys.executable, "-m", "maelm_jax.main",
+                        "--config=configs/pretrain.py:objectiv=mlm", f"--workdir={tmp_path}"])
+  assert bad_argument.strip().splitlines() == [
+      "error in the command line: flag --config=configs/pretrain.py:objectiv=mlm: "
+      "unknown config argument 'objectiv'; known: ['objective', 'recipe', 'size']"]
   small = ["--config=configs/pretrain.py:size=small", f"--workdir={tmp_path / 'small'}",
            "--config.total_steps=2", f"--config.init_from={trained}",
            "--config.tokenizer.vocab_size=600", "--config.data.source=pydoc:",
