@@ -106,14 +106,30 @@ def plot(results: str, names: list[str], path: str) -> None:
   print("wrote", path)
 
 
+def crossing_step(rows, margin: float):
+  """The step at which [MASK] accuracy / unigram accuracy first reaches `margin`,
+  linearly interpolated between the two evaluations around it (None: never)."""
+  previous = None
+  for r in rows:
+    ratio = r["eval/mask_accuracy"] / r["eval/unigram_accuracy"]
+    if ratio >= margin:
+      if previous is None:
+        return float(r["step"])
+      (step0, ratio0) = previous
+      return step0 + (margin - ratio0) / (ratio - ratio0) * (r["step"] - step0)
+    previous = (r["step"], ratio)
+  return None
+
+
 def table(results: str, names: list[str]) -> str:
   """Markdown: per probe, when it left the unigram plateau and passed bigram, in
   steps and in training FLOPs (baselines.ACCURACY_MARGIN is "left")."""
   from maelm_jax import baselines  # pylint: disable=g-import-not-at-top
   records = [json.loads(line) for line in open(results)]
-  lines = ["| probe | GFLOP/step | left plateau at step (TFLOP) | above bigram at step "
-           "(TFLOP) | [MASK] acc / loss at the end | unigram acc / loss | bigram acc |",
-           "|---|--:|--:|--:|--:|--:|--:|"]
+  lines = ["| probe | GFLOP/step | left plateau at step (TFLOP) | interpolated (TFLOP) "
+           "| above bigram at step (TFLOP) | [MASK] acc / loss at the end "
+           "| unigram acc / loss | bigram acc |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|"]
   for name in names:
     rows = sorted((r for r in records if r["name"] == name), key=lambda r: r["step"])
     if not rows:
@@ -123,10 +139,12 @@ def table(results: str, names: list[str]) -> str:
                  baselines.ACCURACY_MARGIN * r["eval/unigram_accuracy"]), None)
     above = next((r["step"] for r in rows
                   if r["eval/mask_accuracy"] > r["eval/bigram_accuracy"]), None)
-    at = lambda step: "never" if step is None else f"{step} ({step * per_step / 1e12:.1f})"
+    crossing = crossing_step(rows, baselines.ACCURACY_MARGIN)
+    at = lambda step: ("never" if step is None else
+                       f"{step:.0f} ({step * per_step / 1e12:.2f})")
     last = rows[-1]
     lines.append(
-        f"| {name} | {per_step / 1e9:.1f} | {at(left)} | {at(above)} | "
+        f"| {name} | {per_step / 1e9:.1f} | {at(left)} | {at(crossing)} | {at(above)} | "
         f"{100 * last['eval/mask_accuracy']:.1f}% / {last['eval/mask_loss']:.2f} "
         f"(step {last['step']}) | {100 * last['eval/unigram_accuracy']:.1f}% / "
         f"{last['eval/unigram_loss']:.2f} | {100 * last['eval/bigram_accuracy']:.1f}% |")
