@@ -64,6 +64,9 @@ def get_config(arg=None):
   config.grad_clip_norm = 1.0
   config.dropout = 0.1  # Encoder and head.
   config.attention_dropout = 0.1
+  # 'auto': cuDNN flash attention where it applies (GPU, bf16, and so at eval
+  # only while attention dropout is on), the einsum elsewhere (model.ATTENTION_IMPLS).
+  config.attention_impl = "auto"
   config.dtype = ""  # Matmul dtype; "": the pretrained model's (bfloat16/float32).
   # The head reads 'cls' (the first token, the papers' recipe) or 'mean' (the
   # mean of the token vectors).

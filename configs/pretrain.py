@@ -117,7 +117,11 @@ def get_config(arg=None):
   config.model.dropout = 0.1
   config.model.attention_dropout = 0.1
   config.model.dtype = "bfloat16"
+  # Runtime choices (a run resumes under another): model.ATTENTION_IMPLS and
+  # model.REMAT_POLICIES say what each does; remat=True is remat_policy='full'.
+  config.model.attention_impl = "auto"
   config.model.remat = False
+  config.model.remat_policy = "none"
   # Objective knobs; None takes the objective's default (model.OBJECTIVES).
   config.model.mask_ratio = config_dict.placeholder(float)
   config.model.random_replace_prob = config_dict.placeholder(float)

@@ -52,6 +52,9 @@ def get_config(arg=None):
   config.grad_clip_norm = 1.0
   config.dropout = 0.1
   config.attention_dropout = 0.1
+  # 'auto': cuDNN flash attention where it applies (GPU, bf16, and so at eval
+  # only while attention dropout is on), the einsum elsewhere (model.ATTENTION_IMPLS).
+  config.attention_impl = "auto"
   config.dtype = ""  # Matmul dtype; "": the pretrained model's.
   config.seed = 1
   config.mesh_shape = (-1, 1, 1)

@@ -141,7 +141,8 @@ def layer_representations(model_cfg, params, input_ids, positions: dict,
   Returns:
     name -> float32 [len(layer_names(model_cfg)), N, D].
   """
-  cfg = dataclasses.replace(model_cfg, dtype=jnp.float32, remat=False)
+  cfg = dataclasses.replace(model_cfg, dtype=jnp.float32, remat=False,
+                            remat_policy="none", attention_impl="xla")
   forward, params = _jitted_forward(cfg), jax.device_put(params)
   ids = np.asarray(input_ids, np.int32)
   # [PAD] rows fill the last batch (one compiled shape); nothing reads them.

@@ -113,6 +113,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(m.get("relative_bias_init", "normal") in model_lib.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
        f"{model_lib.RELATIVE_BIAS_INITS}")
+  impl = m.get("attention_impl", "auto")
+  need(impl in model_lib.ATTENTION_IMPLS,
+       f"model.attention_impl={impl!r} must be one of {model_lib.ATTENTION_IMPLS}")
+  if impl == "cudnn":
+    need(m.attention_dropout == 0 and m.dtype == "bfloat16",
+         f"model.attention_impl='cudnn' runs bfloat16 without attention dropout (got "
+         f"dtype={m.dtype!r}, attention_dropout={m.attention_dropout}): set those, or "
+         "use attention_impl='auto', which falls back to 'xla' where cuDNN does not apply")
+  policy = m.get("remat_policy", "none")
+  need(policy in model_lib.REMAT_POLICIES,
+       f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")
+  need(not m.remat or policy in ("none", "full"),
+       f"model.remat=True is remat_policy='full', but remat_policy={policy!r}: "
+       "set only model.remat_policy")
   need(m.ln_type in model_lib.LN_TYPES,
        f"model.ln_type={m.ln_type!r} must be one of {model_lib.LN_TYPES}")
   need(m.dtype in ("bfloat16", "float32"),
@@ -159,6 +173,8 @@ RESUMABLE_CHANGES = frozenset({
     "peak_flops_per_device", "nonfinite_policy", "allow_config_change",
     "start_over", "dry_run",
     "data.num_workers", "data.tfds_data_dir", "tokenizer.path", "init_from",
+    # How the same math is computed: attention kernel, what is recomputed.
+    "model.attention_impl", "model.remat", "model.remat_policy",
 })
 
 
@@ -188,6 +204,9 @@ ADDED_KEYS = {
     "data.on_bad_text": "warn",
     "total_flops": 0.0,
     "warmup_ratio": 0.0,
+    "model.attention_impl": "auto",
+    "model.remat_policy": "none",
+    "attention_impl": "auto",
 }
 
 
@@ -195,7 +214,7 @@ ADDED_KEYS = {
 # runs may change.
 FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
                                         "start_over", "keep_final_checkpoint",
-                                        "log_every"})
+                                        "log_every", "attention_impl"})
 
 
 def config_differences(saved: dict, current: dict,

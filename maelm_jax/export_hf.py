@@ -355,7 +355,8 @@ def reference_outputs(model_cfg, params, tokenizer) -> dict:
                                     longest)[0] for texts in REFERENCE_TEXTS]
   input_ids = np.stack(rows)
   cfg = dataclasses.replace(model_cfg, dtype=jnp.float32, dropout=0.0,
-                            attention_dropout=0.0)
+                            attention_dropout=0.0, attention_impl="xla",
+                            remat=False, remat_policy="none")
   hidden = model_lib.Encoder(cfg).apply({"params": model_lib.encoder_params(params)},
                                         jnp.asarray(input_ids))
   return {"input_ids": input_ids.astype(np.int64),

@@ -53,6 +53,29 @@ DECODER_TYPES = ("none", "self", "cross")
 LN_TYPES = ("post", "pre")
 NEG_INF = -1e9  # additive mask; finite so fully-masked rows stay NaN-free.
 
+# How attention is computed (the result is the same up to rounding; a runtime
+# choice, not part of the model): 'xla' the explicit einsum-softmax-einsum, the
+# reference, with attention dropout; 'cudnn' cuDNN's fused flash attention through
+# `jax.nn.dot_product_attention` (CUDA GPU, bf16, no attention dropout; the padding
+# mask and the relative position bias go in as its additive bias, whose gradient
+# trains the bias table); 'auto' cudnn where it applies, xla elsewhere.
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+
+# What a rematerialised layer keeps from its forward pass for the backward pass
+# (`jax.checkpoint_policies`); everything else is recomputed. 'none': no remat,
+# everything kept; 'full': only the layer's input; 'dots_saveable': the outputs of
+# every matmul (recomputes layer norms, GELU, softmax);
+# 'dots_with_no_batch_dims_saveable': the outputs of the weight matmuls only (also
+# recomputes the attention scores and probabilities, the [B, H, L, L] tensors).
+# Peak memory of each: benchmarks/RESULTS.md.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable":
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -77,7 +100,9 @@ class ModelConfig:
   dropout: float = 0.1
   attention_dropout: float = 0.1
   dtype: Any = jnp.bfloat16
-  remat: bool = False
+  attention_impl: str = "auto"
+  remat: bool = False  # Shorthand for remat_policy='full'.
+  remat_policy: str = "none"
   # Objective knobs.
   mask_ratio: float = 0.15
   random_replace_prob: float = 0.0
@@ -116,7 +141,9 @@ class ModelConfig:
         dropout=model_cfg.dropout,
         attention_dropout=model_cfg.attention_dropout,
         dtype=jnp.dtype(model_cfg.dtype),
+        attention_impl=model_cfg.get("attention_impl", "auto"),
         remat=model_cfg.remat,
+        remat_policy=model_cfg.get("remat_policy", "none"),
         mask_ratio=model_cfg.mask_ratio,
         random_replace_prob=model_cfg.random_replace_prob,
         keep_prob=model_cfg.keep_prob,
@@ -138,6 +165,32 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden // self.num_heads
+
+  @property
+  def effective_remat_policy(self) -> str:
+    return "full" if self.remat and self.remat_policy == "none" else self.remat_policy
+
+  def attention_backend(self, dropout_active: bool) -> str:
+    """'xla' or 'cudnn': what `attention_impl` resolves to here (trace time)."""
+    if self.attention_impl == "xla":
+      return "xla"
+    fits = (jnp.dtype(self.dtype) in (jnp.bfloat16, jnp.float16) and not dropout_active
+            and self.head_dim % 8 == 0 and self.head_dim <= 128)
+    if self.attention_impl == "auto":
+      return "cudnn" if fits and jax.default_backend() == "gpu" else "xla"
+    why = []
+    if jax.default_backend() != "gpu":
+      why.append(f"a CUDA GPU (this is {jax.default_backend()})")
+    if jnp.dtype(self.dtype) not in (jnp.bfloat16, jnp.float16):
+      why.append(f"bfloat16 (model.dtype is {jnp.dtype(self.dtype).name})")
+    if dropout_active:
+      why.append("no attention dropout (set attention_dropout=0)")
+    if self.head_dim % 8 or self.head_dim > 128:
+      why.append(f"a head size that is a multiple of 8 up to 128 (it is {self.head_dim})")
+    if why:
+      raise ValueError("attention_impl='cudnn' needs " + ", ".join(why) +
+                       "; use attention_impl='auto' (cudnn where it applies) or 'xla'")
+    return "cudnn"
 
 
 def _dense_init():
@@ -225,6 +278,18 @@ class RelativePositionBias(nn.Module):
     return jnp.transpose(bias, (0, 3, 1, 2))  # [B, H, n, m]
 
 
+def fused_attention(q, k, v, bias, implementation: str):
+  """`jax.nn.dot_product_attention` on [B, n|m, H, d] q/k/v with our additive
+  float32 bias [B|1, H|1, n, m], broadcast to the full [B, H, n, m] and cast to the
+  activation dtype (cuDNN takes a bias of the inputs' dtype and shape). The same
+  call with implementation='xla' is what the CPU tests compare with the einsum."""
+  b, n, h, _ = q.shape
+  bias = jnp.broadcast_to(bias, (b, h, n, k.shape[1])).astype(q.dtype)
+  return jax.nn.dot_product_attention(q, k, v, bias=bias,
+                                      scale=1.0 / math.sqrt(q.shape[-1]),
+                                      implementation=implementation)
+
+
 class Attention(nn.Module):
   cfg: ModelConfig
   dropout_rate: float
@@ -240,15 +305,19 @@ class Attention(nn.Module):
                                                  ("embed", "heads", "kv")),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
                                                ("heads", "kv")))
-    q = proj("query")(x_q) * (1.0 / math.sqrt(cfg.head_dim))
+    q = proj("query")(x_q)
     k = proj("key")(x_kv)
     v = proj("value")(x_kv)
     q = _constrain(q, ("batch", "act_len", "act_heads", "act_kv"))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
-                        preferred_element_type=jnp.float32) + bias
-    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-    probs = nn.Dropout(self.dropout_rate)(probs, deterministic=self.deterministic)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    dropout_active = self.dropout_rate > 0 and not self.deterministic
+    if cfg.attention_backend(dropout_active) == "cudnn":
+      out = fused_attention(q, k, v, bias, implementation="cudnn")
+    else:
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(cfg.head_dim)), k,
+                          preferred_element_type=jnp.float32) + bias
+      probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+      probs = nn.Dropout(self.dropout_rate)(probs, deterministic=self.deterministic)
+      out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
     return nn.DenseGeneral(
         cfg.hidden, axis=(-2, -1), dtype=cfg.dtype, name="out",
         kernel_init=nn.with_logical_partitioning(_residual_out_init(cfg),
@@ -362,7 +431,9 @@ class Stack(nn.Module):
       cross_bias = cross_bias + RelativePositionBias(
           cfg, name="cross_relative_bias")(positions, memory_positions)
 
-    layer_cls = nn.remat(TransformerLayer) if cfg.remat else TransformerLayer
+    policy = cfg.effective_remat_policy
+    layer_cls = (TransformerLayer if policy == "none" else
+                 nn.remat(TransformerLayer, policy=REMAT_POLICIES[policy]))
     for i in range(self.num_layers):
       x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,
                     self.deterministic, self.cross_attention,

@@ -47,8 +47,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from maelm_jax import (checkpoints, config_lib, metric_writers, preemption,
-                       sharding, train_lib, workdir as workdir_lib)
+from maelm_jax import (checkpoints, config_lib, metric_writers, model as model_lib,
+                       preemption, sharding, train_lib, workdir as workdir_lib)
 from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 
@@ -300,6 +300,13 @@ def validate(config) -> None:
        f"warmup_ratio={config.warmup_ratio} must be in [0, 1), e.g. 0.06")
   need(0.0 <= config.dropout < 1.0 and 0.0 <= config.attention_dropout < 1.0,
        "dropout and attention_dropout must be in [0, 1)")
+  impl = config.get("attention_impl", "auto")
+  need(impl in model_lib.ATTENTION_IMPLS,
+       f"attention_impl={impl!r} must be one of {model_lib.ATTENTION_IMPLS}")
+  need(impl != "cudnn" or config.attention_dropout == 0,
+       f"attention_impl='cudnn' has no attention dropout (attention_dropout="
+       f"{config.attention_dropout}): set attention_dropout=0, or use 'auto', which "
+       "falls back to 'xla' while dropout is on")
   need(config.dtype in ("", "bfloat16", "float32"),
        f"dtype={config.dtype!r} must be '' (the pretrained model's), 'bfloat16' or "
        "'float32'")
@@ -515,6 +522,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   model_cfg = dataclasses.replace(
       pretrained.model_cfg, dropout=config.dropout,
       attention_dropout=config.attention_dropout,
+      attention_impl=config.get("attention_impl", "auto"),
       dtype=jnp.dtype(config.dtype) if config.dtype else pretrained.model_cfg.dtype)
 
   # ------------------------------------------------------------------ Data --
