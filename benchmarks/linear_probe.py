@@ -81,7 +81,7 @@ def main():
   train_x, train_y = read(SST2 / "train.tsv", args.train)
   dev_x, dev_y = read(SST2 / "dev.tsv", None)
   for workdir in args.workdirs:
-    pretrained = checkpoints.load_pretrained(workdir)
+    pretrained = checkpoints.load_pretrained(workdir, scan_layers=False)
     frequent, rare = embedding_cosines(pretrained)
     print(f"{workdir}: input embeddings, mean pairwise cosine: frequent pieces "
           f"{frequent:.3f}, rare pieces {rare:.3f}", flush=True)

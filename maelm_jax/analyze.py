@@ -216,7 +216,8 @@ def _load(path: str, step: int | None) -> checkpoints.Pretrained:
   if step is not None and step not in steps:
     raise ValueError(f"--workdir {path} has no checkpoint of --step={step}; it has "
                      f"steps {steps}")
-  return checkpoints.load_pretrained(path, encoder_only=True, step=step)
+  return checkpoints.load_pretrained(path, encoder_only=True, step=step,
+                                    scan_layers=False)  # Per-layer outputs.
 
 
 def _ranks(run: checkpoints.Pretrained, rows, num_tokens: int, batch_size: int) -> dict:

@@ -244,6 +244,17 @@ class Pretrained:
   step: int
 
 
+def saved_params_scanned(workdir: str, step: int | None = None) -> bool:
+  """Whether the checkpoint stores its layers stacked (model.scan_layers)."""
+  step = latest_step(workdir) if step is None else step
+  if step is None:
+    return False  # restore_params names the problem.
+  path = os.path.join(checkpoint_dir(workdir), str(step), "state")
+  metadata = ocp.PyTreeCheckpointer().metadata(path)
+  tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata.tree
+  return model_lib.is_scanned(tree["params"])
+
+
 def restore_params(workdir: str, step: int | None = None,
                    collections: tuple[str, ...] | None = None,
                    shardings: Any = None, expected: Any = None) -> tuple[Any, int]:
@@ -290,11 +301,14 @@ def restore_params(workdir: str, step: int | None = None,
 
 
 def load_pretrained(workdir: str, *, encoder_only: bool = True,
-                    step: int | None = None) -> Pretrained:
+                    step: int | None = None,
+                    scan_layers: bool | None = None) -> Pretrained:
   """Loads tokenizer, model config and params of a pretraining workdir.
 
   With `encoder_only` (fine-tuning), only `token_embed` and `encoder` are read:
-  the MAE-LM/3ML decoder and the LM head are neither needed nor loaded.
+  the MAE-LM/3ML decoder and the LM head are neither needed nor loaded. With
+  `scan_layers` (True/False) params and `model_cfg` come in that layer layout,
+  whichever the run saved (None: as saved).
   """
   config_path = os.path.join(workdir, "config.json")
   if not os.path.exists(config_path):
@@ -307,5 +321,9 @@ def load_pretrained(workdir: str, *, encoder_only: bool = True,
                                                 tokenizer.mask_id)
   collections = model_lib.ENCODER_COLLECTIONS if encoder_only else None
   params, step = restore_params(workdir, step, collections)
+  if scan_layers is not None and scan_layers != model_lib.is_scanned(params):
+    params = jax.tree.map(np.asarray, model_lib.params_for(params, scan_layers))
+  if scan_layers is not None:
+    model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers)
   return Pretrained(params=params, model_cfg=model_cfg, tokenizer=tokenizer,
                     config=config, step=step)

@@ -206,6 +206,7 @@ ADDED_KEYS = {
     "warmup_ratio": 0.0,
     "model.attention_impl": "auto",
     "model.remat_policy": "none",
+    "model.scan_layers": False,
     "attention_impl": "auto",
 }
 

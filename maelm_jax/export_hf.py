@@ -470,7 +470,7 @@ def export(workdir: str, out: str, *, step: int | None = None,
     raise ValueError(f"--step={step}: {workdir} has checkpoints at steps {steps}")
 
   pretrained = checkpoints.load_pretrained(workdir, encoder_only=not with_lm_head,
-                                           step=step)
+                                           step=step, scan_layers=False)
   cfg = pretrained.model_cfg
   kind = architecture(cfg)
   params = pretrained.params if with_lm_head else model_params(pretrained.params)

@@ -103,6 +103,12 @@ class ModelConfig:
   attention_impl: str = "auto"
   remat: bool = False  # Shorthand for remat_policy='full'.
   remat_policy: str = "none"
+  # One `nn.scan` over identical layers: the step compiles once per stack instead
+  # of once per layer. Parameters are stored stacked (`layers/...` with a leading
+  # layer axis) instead of `layer_0/...`; `stack_layers`/`unstack_layers` convert,
+  # and every reader of checkpoints (init_from, fine-tuning, analysis, export)
+  # takes either layout.
+  scan_layers: bool = False
   # Objective knobs.
   mask_ratio: float = 0.15
   random_replace_prob: float = 0.0
@@ -144,6 +150,7 @@ class ModelConfig:
         attention_impl=model_cfg.get("attention_impl", "auto"),
         remat=model_cfg.remat,
         remat_policy=model_cfg.get("remat_policy", "none"),
+        scan_layers=model_cfg.get("scan_layers", False),
         mask_ratio=model_cfg.mask_ratio,
         random_replace_prob=model_cfg.random_replace_prob,
         keep_prob=model_cfg.keep_prob,
@@ -365,6 +372,7 @@ class TransformerLayer(nn.Module):
   attention_dropout_rate: float
   deterministic: bool
   cross_attention: bool = False
+  returns_carry: bool = False  # (x, None): the form `nn.scan` iterates.
 
   @nn.compact
   def __call__(self, x, self_bias, memory=None, cross_bias=None):
@@ -383,7 +391,8 @@ class TransformerLayer(nn.Module):
       x = sublayer(x, lambda h: attn("cross_attn")(h, memory, cross_bias),
                    "cross_attn")
     x = sublayer(x, Mlp(cfg, self.dropout_rate, det, name="mlp"), "mlp")
-    return _constrain(x, ("batch", "act_len", "act_embed"))
+    x = _constrain(x, ("batch", "act_len", "act_embed"))
+    return (x, None) if self.returns_carry else x
 
 
 def _padding_bias(key_valid):
@@ -395,6 +404,46 @@ def _positions_table(cfg, name):
   return nn.Embed(cfg.max_positions, cfg.hidden, name=name,
                   embedding_init=nn.with_logical_partitioning(_dense_init(),
                                                               ("pos", "embed")))
+
+
+SCANNED_LAYERS = "layers"
+
+
+def stack_layers(tree):
+  """Unrolled parameters (`layer_0`, `layer_1`, ... in a stack) -> scanned
+  (`layers`, each leaf with a leading layer axis). Anything else is kept."""
+  if not isinstance(tree, dict):
+    return tree
+  if "layer_0" in tree:
+    count = sum(1 for k in tree if k.startswith("layer_") and k[6:].isdigit())
+    rest = {k: stack_layers(v) for k, v in tree.items()
+            if not (k.startswith("layer_") and k[6:].isdigit())}
+    layers = [tree[f"layer_{i}"] for i in range(count)]
+    return {**rest, SCANNED_LAYERS: jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+  return {k: stack_layers(v) for k, v in tree.items()}
+
+
+def unstack_layers(tree):
+  """The inverse of `stack_layers`."""
+  if not isinstance(tree, dict):
+    return tree
+  if SCANNED_LAYERS in tree:
+    stacked = tree[SCANNED_LAYERS]
+    count = jax.tree.leaves(stacked)[0].shape[0]
+    rest = {k: unstack_layers(v) for k, v in tree.items() if k != SCANNED_LAYERS}
+    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked)
+                       for i in range(count)}}
+  return {k: unstack_layers(v) for k, v in tree.items()}
+
+
+def params_for(params, scan_layers: bool):
+  """`params` (either layout) in the layout a model with `scan_layers` reads."""
+  return stack_layers(params) if scan_layers else unstack_layers(params)
+
+
+def is_scanned(params) -> bool:
+  return any(SCANNED_LAYERS in stack for stack in params.values()
+             if isinstance(stack, dict))
 
 
 class Stack(nn.Module):
@@ -432,12 +481,24 @@ class Stack(nn.Module):
           cfg, name="cross_relative_bias")(positions, memory_positions)
 
     policy = cfg.effective_remat_policy
+    # Under scan, CSE across iterations cannot undo the remat (JAX's advice).
     layer_cls = (TransformerLayer if policy == "none" else
-                 nn.remat(TransformerLayer, policy=REMAT_POLICIES[policy]))
-    for i in range(self.num_layers):
-      x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,
-                    self.deterministic, self.cross_attention,
-                    name=f"layer_{i}")(x, self_bias, memory, cross_bias)
+                 nn.remat(TransformerLayer, policy=REMAT_POLICIES[policy],
+                          prevent_cse=not cfg.scan_layers))
+    if cfg.scan_layers:
+      scanned = nn.scan(layer_cls, variable_axes={"params": 0},
+                        split_rngs={"params": True, "dropout": True},
+                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                        length=self.num_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
+      x, _ = scanned(cfg, self.dropout_rate, self.attention_dropout_rate,
+                     self.deterministic, self.cross_attention, True,
+                     name=SCANNED_LAYERS)(x, self_bias, memory, cross_bias)
+    else:
+      for i in range(self.num_layers):
+        x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,
+                      self.deterministic, self.cross_attention,
+                      name=f"layer_{i}")(x, self_bias, memory, cross_bias)
     if cfg.ln_type == "pre":
       x = _layer_norm(cfg, "final_ln")(x)
     return x

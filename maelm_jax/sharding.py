@@ -29,6 +29,7 @@ LOGICAL_AXIS_RULES = (
     ("pos", None),
     ("rel_buckets", None),
     ("norm", None),
+    ("layers", None),  # The stacked layer axis of scan_layers.
     # Activations.
     ("batch", BATCH_AXES),
     ("act_len", None),

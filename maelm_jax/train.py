@@ -29,6 +29,7 @@ from maelm_jax import (baselines, checkpoints, config_lib, corpus_report, flops,
                        metric_writers, pipeline, plots,
                        preemption, sharding, sources, tokenizer as tokenizer_lib,
                        train_lib, workdir as workdir_lib)
+from maelm_jax import model as model_lib
 from maelm_jax.model import ModelConfig
 
 
@@ -209,9 +210,18 @@ def _all_processes_have(flag: bool) -> bool:
 
 def load_init_from(config, state, state_shardings):
   """Params of another run (`init_from`) in this run's sharding; fresh optimizer."""
-  params, step = checkpoints.restore_params(config.init_from,
-                                            shardings=state_shardings.params,
-                                            expected=state.params)
+  scanned_here = model_lib.is_scanned(state.params)
+  scanned_there = checkpoints.saved_params_scanned(config.init_from)
+  if scanned_there == scanned_here:
+    params, step = checkpoints.restore_params(config.init_from,
+                                              shardings=state_shardings.params,
+                                              expected=state.params)
+  else:  # Read in the other layout (on the host), convert, place.
+    expected = jax.eval_shape(
+        lambda p: model_lib.params_for(p, scanned_there), state.params)
+    params, step = checkpoints.restore_params(config.init_from, expected=expected)
+    params = jax.device_put(model_lib.params_for(params, scanned_here),
+                            state_shardings.params)
   logging.info("initialised params from step %d of %s", step, config.init_from)
   return state.replace(params=params)
 

@@ -1,0 +1,138 @@
+"""model.scan_layers: one nn.scan over identical layers computes what the unrolled
+layers compute, and every reader of checkpoints takes either layout."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import checkpoints, masking, model as model_lib
+from tests.helpers import random_ids, tiny_config
+
+VOCAB = 120
+
+
+def build(objective, **overrides):
+  config = tiny_config(objective, **{"model.dropout": 0.0,
+                                     "model.attention_dropout": 0.0, **overrides})
+  return model_lib.ModelConfig.from_config(config.model, vocab_size=VOCAB, mask_id=4)
+
+
+def loss_and_grads(cfg, params, masks):
+  def loss_fn(p):
+    logits = model_lib.MaskedLM(cfg).apply({"params": p}, masks)
+    return model_lib.masked_lm_loss(logits, masks.targets, masks.selected_weights)[0]
+  return jax.jit(jax.value_and_grad(loss_fn))(params)
+
+
+@pytest.mark.parametrize("objective,overrides", [
+    ("mlm", {"model.num_layers": 3}),
+    ("maelm", {"model.decoder_type": "cross", "model.decoder_layers": 2}),
+    ("3ml", {"model.decoder_type": "self", "model.remat_policy": "dots_saveable",
+             "model.ln_type": "pre"}),
+])
+def test_scanned_layers_compute_what_unrolled_layers_compute(objective, overrides):
+  unrolled = build(objective, **overrides)
+  scanned = model_lib.dataclasses.replace(unrolled, scan_layers=True)
+  ids = random_ids(4, 32, VOCAB, num_pad=3)
+  masks = masking.draw_masks(jax.random.PRNGKey(1), jnp.asarray(ids),
+                             unrolled.mask_counts(32), mask_id=4, vocab_size=VOCAB)
+  params = nn.meta.unbox(model_lib.MaskedLM(unrolled).init(
+      jax.random.PRNGKey(0), masks)["params"])
+  stacked = model_lib.stack_layers(params)
+  # The layout the scanned model itself creates.
+  born = nn.meta.unbox(model_lib.MaskedLM(scanned).init(
+      jax.random.PRNGKey(0), masks)["params"])
+  assert jax.tree.structure(born) == jax.tree.structure(stacked)
+  assert jax.tree.map(jnp.shape, born) == jax.tree.map(jnp.shape, stacked)
+  assert model_lib.is_scanned(stacked) and not model_lib.is_scanned(params)
+  layers = unrolled.num_layers
+  assert stacked["encoder"]["layers"]["mlp"]["wi"]["kernel"].shape[0] == layers
+
+  loss, grads = loss_and_grads(unrolled, params, masks)
+  scanned_loss, scanned_grads = loss_and_grads(scanned, stacked, masks)
+  np.testing.assert_allclose(float(scanned_loss), float(loss), rtol=1e-6)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
+                          jax.tree.leaves(model_lib.unstack_layers(scanned_grads))):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0,
+                               atol=1e-6 * max(1.0, float(np.abs(a).max())),
+                               err_msg=jax.tree_util.keystr(path))
+  # The fine-tuning view (Encoder) too.
+  encoder = model_lib.encoder_params
+  hidden = model_lib.Encoder(unrolled).apply({"params": encoder(params)},
+                                             jnp.asarray(ids))
+  scanned_hidden = model_lib.Encoder(scanned).apply({"params": encoder(stacked)},
+                                                    jnp.asarray(ids))
+  np.testing.assert_allclose(scanned_hidden, hidden, rtol=1e-5, atol=1e-5)
+
+
+def test_stack_and_unstack_are_inverse_and_leave_other_keys_alone():
+  tree = {"token_embed": {"embedding": np.ones((5, 2))},
+          "encoder": {"layer_0": {"w": np.zeros(3)}, "layer_1": {"w": np.ones(3)},
+                      "layer_10_notes": {"w": np.full(2, 7.0)},
+                      "final_ln": {"scale": np.ones(2)}},
+          "decoder": {"layer_0": {"w": np.full(3, 2.0)}}}
+  stacked = model_lib.stack_layers(tree)
+  assert sorted(stacked["encoder"]) == ["final_ln", "layer_10_notes", "layers"]
+  np.testing.assert_array_equal(stacked["encoder"]["layers"]["w"],
+                                [[0, 0, 0], [1, 1, 1]])
+  assert stacked["decoder"]["layers"]["w"].shape == (1, 3)
+  back = model_lib.unstack_layers(stacked)
+  assert jax.tree.structure(back) == jax.tree.structure(tree)
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):
+    np.testing.assert_array_equal(a, b)
+  assert model_lib.params_for(tree, False) == tree  # Already unrolled: unchanged.
+
+
+def _pretrain(workdir, **overrides):
+  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  config = tiny_config("maelm", **{
+      "data.source": "pydoc:", "data.eval_fraction": 0.05,
+      "tokenizer.vocab_size": 600, "batch_size": 8, "seq_len": 64,
+      "warmup_steps": 1, "eval_batches": 1, "log_every": 1,
+      "eval_every": 2, "checkpoint_every": 2, "mesh_shape": (2, 2, 2), **overrides})
+  train.train_and_evaluate(config, str(workdir))
+
+
+def test_a_scanned_run_feeds_init_from_fine_tuning_and_analysis(tmp_path):
+  """Pretrained with scan_layers on a (data, fsdp, tensor) = (2, 2, 2) mesh; an
+  unrolled run starts from it (init_from converts), and load_pretrained hands out
+  either layout with the same numbers."""
+  scanned_dir, unrolled_dir = tmp_path / "scanned", tmp_path / "unrolled"
+  _pretrain(scanned_dir, total_steps=2, **{"model.scan_layers": True})
+  assert checkpoints.saved_params_scanned(str(scanned_dir))
+  assert json.loads((scanned_dir / "config.json").read_text())["model"]["scan_layers"]
+
+  # A learning rate that cannot move the weights visibly: the new run's params
+  # after one step are the scanned run's, unrolled.
+  _pretrain(unrolled_dir, total_steps=1, learning_rate=1e-12,
+            init_from=str(scanned_dir), **{"tokenizer.path": str(
+                scanned_dir / "tokenizer.model")})
+  assert not checkpoints.saved_params_scanned(str(unrolled_dir))
+  source = checkpoints.load_pretrained(str(scanned_dir), encoder_only=False,
+                                       scan_layers=False)
+  assert not source.model_cfg.scan_layers and "layer_1" in source.params["encoder"]
+  copied, _ = checkpoints.restore_params(str(unrolled_dir))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(source.params),
+                          jax.tree.leaves(copied)):
+    np.testing.assert_allclose(b, a, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+  # As saved (fine-tuning keeps the run's layout) and converted, the same encoder.
+  as_saved = checkpoints.load_pretrained(str(scanned_dir))
+  assert as_saved.model_cfg.scan_layers and "layers" in as_saved.params["encoder"]
+  ids = jnp.asarray(random_ids(2, 24, as_saved.tokenizer.vocab_size))
+  f32 = lambda cfg: model_lib.dataclasses.replace(cfg, dtype=jnp.float32)
+  np.testing.assert_allclose(
+      model_lib.Encoder(f32(as_saved.model_cfg)).apply({"params": as_saved.params}, ids),
+      model_lib.Encoder(f32(source.model_cfg)).apply(
+          {"params": model_lib.encoder_params(source.params)}, ids),
+      rtol=1e-5, atol=1e-5)
+
+  from maelm_jax import analyze  # pylint: disable=g-import-not-at-top
+  ranks = analyze.analyze([str(scanned_dir)], str(tmp_path / "rank"),
+                          source="pydoc:", num_tokens=256)["runs"]
+  assert ranks[str(scanned_dir)]["layers"] == ["embed", "layer_1", "layer_2",
+                                               "final_ln"]
