@@ -9,6 +9,14 @@ table into `benchmarks/RESULTS.md` between `<!-- throughput:start -->` and
   python benchmarks/train_throughput.py --dtype float32,bfloat16
   python benchmarks/train_throughput.py --dry_run            # smoke test, ~30 s
 
+On a GPU or TPU, the same script (bf16, the fused attention against the einsum,
+scanned layers, a profile of the first step of the last cell):
+
+  python benchmarks/train_throughput.py --sizes=small,base --seq_lens=128,512 \
+      --objectives=mlm,maelm,3ml-cross --dtype=bfloat16 --attention_impls=xla,auto \
+      --scan_layers --dropout=0 --tokens_per_batch=65536 --profile_dir=/tmp/profile \
+      --out=benchmarks/RESULTS_accelerator.md --json=/tmp/throughput.json
+
 Method:
   * vocabulary 8192 (as the HF/PyTorch peers in /work/shared/DESIGN-NOTES.md);
     batch = tokens_per_batch // seq_len sequences of `[CLS] w.. [SEP]`, w >= 5;
@@ -86,6 +94,20 @@ def parse_args(argv=None):
   p.add_argument("--dtype", type=_csv(str), default=["float32"],
                  help="float32 or bfloat16 matmuls; a comma list gives one table "
                       "each (default float32, the peers' setting)")
+  p.add_argument("--attention_impls", type=_csv(str), default=["auto"],
+                 help="model.attention_impl values, one table each (auto, xla, "
+                      "cudnn); note dropout 0.1 makes auto the einsum in training")
+  p.add_argument("--scan_layers", action="store_true",
+                 help="model.scan_layers=True (nn.scan over the layers)")
+  p.add_argument("--remat_policy", default="none",
+                 help="model.remat_policy (none, full, dots_saveable, "
+                      "dots_with_no_batch_dims_saveable)")
+  p.add_argument("--dropout", type=float, default=None,
+                 help="model.dropout and attention_dropout (default: the config's; "
+                      "above 0 makes 'auto' run the einsum while training)")
+  p.add_argument("--profile_dir", default="",
+                 help="also record a jax.profiler trace of 3 steps of each "
+                      "objective of the last cell there (TensorBoard / Perfetto)")
   p.add_argument("--steps", type=int, default=10, help="steps per timed window")
   p.add_argument("--repeats", type=int, default=3,
                  help="timed windows per objective (round-robin)")
@@ -115,6 +137,12 @@ def parse_args(argv=None):
   for size in args.sizes:
     if size not in SIZES:
       p.error(f"unknown size {size!r}; choose from {list(SIZES)}")
+  from maelm_jax.model import ATTENTION_IMPLS, REMAT_POLICIES  # noqa: E402
+  for impl in args.attention_impls:
+    if impl not in ATTENTION_IMPLS:
+      p.error(f"--attention_impls {impl!r}: use some of {ATTENTION_IMPLS}")
+  if args.remat_policy not in REMAT_POLICIES:
+    p.error(f"--remat_policy {args.remat_policy!r}: use one of {list(REMAT_POLICIES)}")
   for dtype in args.dtype:
     if dtype not in ("float32", "bfloat16"):
       p.error(f"--dtype {dtype!r}: use float32 or bfloat16")
@@ -129,11 +157,14 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------ Setup --
 
-def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str):
-  """The real pretraining config with the benchmark's overrides, resolved."""
+def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str,
+                 **knobs):
+  """The real pretraining config with the benchmark's overrides, resolved.
+  `knobs`: more config.model keys (attention_impl, scan_layers, ...)."""
   base_objective, model_overrides = OBJECTIVES[objective]
   config = pretrain.get_config(f"objective={base_objective},size={size}")
   config.unlock()
+  model_overrides = {**model_overrides, **knobs}
   config.seq_len = seq_len
   config.batch_size = batch
   config.tokenizer.vocab_size = VOCAB_SIZE
@@ -157,9 +188,10 @@ def random_batch(batch: int, seq_len: int, seed: int):
 class Runner:
   """One compiled train step and its state, for one benchmark cell."""
 
-  def __init__(self, objective, size, seq_len, batch, dtype, mesh, ids, seed):
+  def __init__(self, objective, size, seq_len, batch, dtype, mesh, ids, seed,
+               knobs=None):
     self.objective = objective
-    config = build_config(objective, size, seq_len, batch, dtype)
+    config = build_config(objective, size, seq_len, batch, dtype, **(knobs or {}))
     self.model_cfg = ModelConfig.from_config(config.model, VOCAB_SIZE, MASK_ID)
     tx = train_lib.make_optimizer(config)
     self.state, shardings = train_lib.create_sharded_state(
@@ -185,6 +217,12 @@ class Runner:
     cost = self.step.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     self.xla_flops = float((cost or {}).get("flops", 0.0))
+    # The compiled step's device memory: temporaries + arguments + outputs, less
+    # what donation aliases (None where the backend does not say).
+    memory = self.step.memory_analysis()
+    self.memory_bytes = None if memory is None else (
+        memory.temp_size_in_bytes + memory.argument_size_in_bytes
+        + memory.output_size_in_bytes - memory.alias_size_in_bytes)
     return self
 
   def warm_up(self):
@@ -239,7 +277,16 @@ class CpuMeter:
     return max(others, 0.0) / elapsed
 
 
-def measure_cell(args, dtype, size, seq_len, mesh):
+def model_knobs(args, attention_impl: str) -> dict:
+  knobs = {"attention_impl": attention_impl, "scan_layers": args.scan_layers,
+           "remat_policy": args.remat_policy}
+  if args.dropout is not None:
+    knobs.update(dropout=args.dropout, attention_dropout=args.dropout)
+  return knobs
+
+
+def measure_cell(args, dtype, size, seq_len, mesh, attention_impl="auto",
+                 profile_dir=""):
   """All objectives of one (dtype, size, seq_len), timed round-robin."""
   batch = args.tokens_per_batch // seq_len
   dp = sharding.data_parallel_size(mesh)
@@ -247,7 +294,8 @@ def measure_cell(args, dtype, size, seq_len, mesh):
     raise ValueError(f"batch {batch} (= {args.tokens_per_batch} // {seq_len}) is not "
                      f"divisible by the data-parallel size {dp}")
   ids = random_batch(batch, seq_len, args.seed)
-  runners = [Runner(objective, size, seq_len, batch, dtype, mesh, ids, args.seed)
+  runners = [Runner(objective, size, seq_len, batch, dtype, mesh, ids, args.seed,
+                    model_knobs(args, attention_impl))
              for objective in args.objectives]
   # Compiling is not measured; overlap it over the cores to save wall time.
   t0 = time.perf_counter()
@@ -270,6 +318,13 @@ def measure_cell(args, dtype, size, seq_len, mesh):
                     for r in runners) + " tokens/s", flush=True)
 
   others = meter.others_cores()
+  if profile_dir:
+    for r in runners:
+      path = os.path.join(profile_dir, f"{dtype}_{attention_impl}_{size}_{seq_len}_"
+                          f"{r.objective}")
+      with jax.profiler.trace(path):
+        r.run(3)
+      print(f"  profile of 3 {r.objective} steps: {path}", flush=True)
   rows = []
   for r in runners:
     tps = [r.tokens_per_step * args.steps / w for w in r.windows]
@@ -281,6 +336,9 @@ def measure_cell(args, dtype, size, seq_len, mesh):
         tokens_per_s_all=tps, spread=(max(tps) - min(tps)) / statistics.median(tps),
         step_s=statistics.median(step_s), model_flops=r.model_flops,
         xla_flops=r.xla_flops, flop_shares=r.flop_shares, compile_s=r.compile_s,
+        memory_bytes=r.memory_bytes, attention_impl=attention_impl,
+        attention_backend=r.model_cfg.attention_backend(
+            r.model_cfg.attention_dropout > 0),
         others_cores=others))
   mlm = next((row for row in rows if row["objective"] == "mlm"), None)
   for row in rows:
@@ -328,13 +386,15 @@ def _jaxlib_version():
 def format_table(rows, peak) -> str:
   head = ("| size | seq | objective | batch | enc len | K | tokens/s (median) | spread "
           "| step ms | model GFLOP/step | GFLOP/s | MFU | speed-up vs mlm "
-          "| FLOP-predicted | FLOPs enc/dec/head | XLA GFLOP/step |")
-  sep = "|" + "|".join(["---"] * 3 + ["--:"] * 11 + ["---", "--:"]) + "|"
+          "| FLOP-predicted | FLOPs enc/dec/head | XLA GFLOP/step | compile s "
+          "| memory GB |")
+  sep = "|" + "|".join(["---"] * 3 + ["--:"] * 11 + ["---", "--:", "--:", "--:"]) + "|"
   lines = [head, sep]
   for r in rows:
     speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
     pred = f"{r['flop_speedup']:.2f}x" if "flop_speedup" in r else "-"
     mfu = f"{r['gflops_per_s'] * 1e9 / peak:.1%}" if peak else "-"
+    memory = "-" if r.get("memory_bytes") is None else f"{r['memory_bytes'] / 1e9:.2f}"
     shares = "/".join(f"{r['flop_shares'].get(k, 0.0):.0%}"
                       for k in ("encoder", "decoder", "head"))
     lines.append(
@@ -342,7 +402,8 @@ def format_table(rows, peak) -> str:
         f"| {r['encoder_len']} | {r['num_selected']} | {r['tokens_per_s']:,.0f} "
         f"| {r['spread']:.0%} | {r['step_s'] * 1e3:,.0f} "
         f"| {r['model_flops'] / 1e9:,.1f} | {r['gflops_per_s']:,.1f} | {mfu} "
-        f"| {speed} | {pred} | {shares} | {r['xla_flops'] / 1e9:,.1f} |")
+        f"| {speed} | {pred} | {shares} | {r['xla_flops'] / 1e9:,.1f} "
+        f"| {r['compile_s']:.1f} | {memory} |")
   return "\n".join(lines)
 
 
@@ -354,6 +415,8 @@ def command_line() -> str:
 def format_section(args, info, tables, started, total_s, load_before, load_after,
                    peak) -> str:
   settings = (f"steps={args.steps} per window, repeats={args.repeats}, "
+              f"dropout={args.dropout}, scan_layers={args.scan_layers}, "
+              f"remat_policy={args.remat_policy}, "
               f"tokens_per_batch={args.tokens_per_batch}, vocab={VOCAB_SIZE}, "
               f"mesh={info['mesh']}, seed={args.seed}")
   out = [
@@ -375,7 +438,7 @@ def format_section(args, info, tables, started, total_s, load_before, load_after
       f"- Settings: {settings}",
       "",
       "Train step = `train_lib.jit_steps` (masking, forward, backward, clip, AdamW), "
-      "dropout 0.1 as in `configs/pretrain.py`, random `[CLS] w.. [SEP]` rows. "
+      "dropout as in `configs/pretrain.py` unless the settings say, random `[CLS] w.. [SEP]` rows. "
       "tokens/s counts all batch x seq tokens (not only the encoder's). "
       "enc len: tokens the encoder runs on per sequence; K: positions the head "
       "predicts. spread: (max-min)/median of tokens/s over the timed windows. "
@@ -387,7 +450,10 @@ def format_section(args, info, tables, started, total_s, load_before, load_after
       "step's `cost_analysis()` (every op the backend counts, optimizer included).",
   ]
   for dtype, rows in tables:
-    out += ["", f"### {dtype}", "", format_table(rows, peak)]
+    ran = sorted({r["attention_backend"] for r in rows})
+    title = dtype if len(args.attention_impls) == 1 else (
+        f"{dtype} (attention_impl; what ran: {', '.join(ran)})")
+    out += ["", f"### {title}", "", format_table(rows, peak)]
     loads = [(f"{r['size']}/{r['seq_len']}", r["others_cores"]) for r in rows
              if r["objective"] == rows[0]["objective"] and r["others_cores"] is not None]
     if loads:
@@ -436,12 +502,17 @@ def main(argv=None) -> int:
         f"mesh {info['mesh']}", flush=True)
 
   tables = []
-  for dtype in args.dtype:
+  cells = [(dtype, impl) for dtype in args.dtype for impl in args.attention_impls]
+  for index, (dtype, impl) in enumerate(cells):
     rows = []
     for size in args.sizes:
       for seq_len in args.seq_lens:
-        rows += measure_cell(args, dtype, size, seq_len, mesh)
-    tables.append((dtype, rows))
+        last = index == len(cells) - 1 and (size, seq_len) == (args.sizes[-1],
+                                                              args.seq_lens[-1])
+        rows += measure_cell(args, dtype, size, seq_len, mesh, impl,
+                             args.profile_dir if last else "")
+    tables.append((dtype if len(args.attention_impls) == 1 else f"{dtype}/{impl}",
+                   rows))
   total_s = time.perf_counter() - t_start
 
   section = format_section(args, info, tables, started, total_s, load_before,
