@@ -337,8 +337,11 @@ def measure_cell(args, dtype, size, seq_len, mesh, attention_impl="auto",
         step_s=statistics.median(step_s), model_flops=r.model_flops,
         xla_flops=r.xla_flops, flop_shares=r.flop_shares, compile_s=r.compile_s,
         memory_bytes=r.memory_bytes, attention_impl=attention_impl,
+        # What the encoder's attention ran (decoder layers of odd length run
+        # the einsum; model.ModelConfig.attention_backend).
         attention_backend=r.model_cfg.attention_backend(
-            r.model_cfg.attention_dropout > 0),
+            r.model_cfg.attention_dropout > 0, r.counts.encoder_len,
+            r.counts.encoder_len),
         others_cores=others))
   mlm = next((row for row in rows if row["objective"] == "mlm"), None)
   for row in rows:
@@ -452,7 +455,7 @@ def format_section(args, info, tables, started, total_s, load_before, load_after
   for dtype, rows in tables:
     ran = sorted({r["attention_backend"] for r in rows})
     title = dtype if len(args.attention_impls) == 1 else (
-        f"{dtype} (attention_impl; what ran: {', '.join(ran)})")
+        f"{dtype} (attention_impl; the encoder ran: {', '.join(ran)})")
     out += ["", f"### {title}", "", format_table(rows, peak)]
     loads = [(f"{r['size']}/{r['seq_len']}", r["others_cores"]) for r in rows
              if r["objective"] == rows[0]["objective"] and r["others_cores"] is not None]

@@ -177,12 +177,18 @@ class ModelConfig:
   def effective_remat_policy(self) -> str:
     return "full" if self.remat and self.remat_policy == "none" else self.remat_policy
 
-  def attention_backend(self, dropout_active: bool) -> str:
-    """'xla' or 'cudnn': what `attention_impl` resolves to here (trace time)."""
+  def attention_backend(self, dropout_active: bool, q_len: int = 2,
+                        kv_len: int = 2) -> str:
+    """'xla' or 'cudnn': what `attention_impl` resolves to here (trace time).
+    The conditions are cuDNN's flash attention's as jax checks them: half
+    precision, head size a multiple of 8 up to 128, and with a bias whose
+    gradient is taken, even query and key lengths (MAE-LM's encoder length
+    L - K and the cross decoder's K can be odd: those layers use the einsum)."""
     if self.attention_impl == "xla":
       return "xla"
+    even = q_len % 2 == 0 and kv_len % 2 == 0
     fits = (jnp.dtype(self.dtype) in (jnp.bfloat16, jnp.float16) and not dropout_active
-            and self.head_dim % 8 == 0 and self.head_dim <= 128)
+            and self.head_dim % 8 == 0 and self.head_dim <= 128 and even)
     if self.attention_impl == "auto":
       return "cudnn" if fits and jax.default_backend() == "gpu" else "xla"
     why = []
@@ -194,6 +200,8 @@ class ModelConfig:
       why.append("no attention dropout (set attention_dropout=0)")
     if self.head_dim % 8 or self.head_dim > 128:
       why.append(f"a head size that is a multiple of 8 up to 128 (it is {self.head_dim})")
+    if not even:
+      why.append(f"even sequence lengths (queries {q_len}, keys {kv_len})")
     if why:
       raise ValueError("attention_impl='cudnn' needs " + ", ".join(why) +
                        "; use attention_impl='auto' (cudnn where it applies) or 'xla'")
@@ -317,7 +325,7 @@ class Attention(nn.Module):
     v = proj("value")(x_kv)
     q = _constrain(q, ("batch", "act_len", "act_heads", "act_kv"))
     dropout_active = self.dropout_rate > 0 and not self.deterministic
-    if cfg.attention_backend(dropout_active) == "cudnn":
+    if cfg.attention_backend(dropout_active, x_q.shape[1], x_kv.shape[1]) == "cudnn":
       out = fused_attention(q, k, v, bias, implementation="cudnn")
     else:
       scores = jnp.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(cfg.head_dim)), k,

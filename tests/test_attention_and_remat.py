@@ -70,7 +70,7 @@ def test_fused_attention_call_matches_the_einsum_with_bias_gradients(
 
   monkeypatch.setattr(model_lib, "fused_attention", fused_via_xla)
   monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
-                      lambda self, dropout_active: "cudnn")
+                      lambda self, dropout_active, q_len, kv_len: "cudnn")
   loss, grads = loss_and_grads(cfg, ids)
   assert calls and set(calls) == {"cudnn"}
   np.testing.assert_allclose(float(loss), float(reference_loss), rtol=1e-6)
@@ -87,13 +87,15 @@ def test_attention_impl_resolves_by_platform_dtype_and_dropout():
   assert bf16.attention_backend(False) == ("cudnn" if jax.default_backend() == "gpu"
                                            else "xla")
   assert bf16.attention_backend(True) == "xla"  # Attention dropout: no fused kernel.
+  assert bf16.attention_backend(False, 111, 111) == "xla"  # Odd: cuDNN refuses.
   forced = model_lib.dataclasses.replace(cfg, attention_impl="cudnn")
   with pytest.raises(ValueError) as error:
-    forced.attention_backend(True)
+    forced.attention_backend(True, 19, 111)
   message = str(error.value)
   assert "bfloat16 (model.dtype is float32)" in message
   assert "no attention dropout" in message
   assert "attention_impl='auto'" in message
+  assert "even sequence lengths (queries 19, keys 111)" in message
   if jax.default_backend() != "gpu":
     assert "a CUDA GPU (this is cpu)" in message
 
