@@ -18,7 +18,8 @@ def build(objective, **overrides):
   return model_lib.ModelConfig.from_config(config.model, vocab_size=VOCAB, mask_id=4)
 
 
-def loss_and_grads(cfg, ids, seed=1):
+def loss_fn_and_params(cfg, ids, seed=1):
+  """The summed masked-LM loss as a function of the params, and fresh params."""
   masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids),
                              cfg.mask_counts(ids.shape[1]), mask_id=4,
                              vocab_size=VOCAB)
@@ -29,6 +30,11 @@ def loss_and_grads(cfg, ids, seed=1):
     logits = model.apply({"params": p}, masks)
     return model_lib.masked_lm_loss(logits, masks.targets, masks.selected_weights)[0]
 
+  return loss_fn, params
+
+
+def loss_and_grads(cfg, ids):
+  loss_fn, params = loss_fn_and_params(cfg, ids)
   return jax.jit(jax.value_and_grad(loss_fn))(params)
 
 
@@ -133,16 +139,7 @@ def saved_residual_bytes(cfg, ids):
   'full' against 94 MB with 'none' for this model; peak memory on an accelerator
   is measured in benchmarks/, not here.)"""
   from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=g-import-not-at-top
-  masks = masking.draw_masks(jax.random.PRNGKey(1), jnp.asarray(ids),
-                             cfg.mask_counts(ids.shape[1]), mask_id=4,
-                             vocab_size=VOCAB)
-  model = model_lib.MaskedLM(cfg)
-  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), masks)["params"])
-
-  def loss_fn(p):
-    logits = model.apply({"params": p}, masks)
-    return model_lib.masked_lm_loss(logits, masks.targets, masks.selected_weights)[0]
-
+  loss_fn, params = loss_fn_and_params(cfg, ids)
   return sum(int(np.prod(aval.shape)) * aval.dtype.itemsize
              for aval, _ in saved_residuals(loss_fn, params))
 
