@@ -138,6 +138,30 @@ class Tokenizer:
     self._init_from_proto(state["path"], state["model_proto"])
 
 
+# Tokenizer training reads its sentences, then builds the vocabulary in C++; a
+# line this often says how far the reading is, so a long training is not silent.
+_PROGRESS_EVERY_S = 10.0
+
+
+def _with_progress(lines: Iterator[str], max_sentences: int) -> Iterator[str]:
+  """`lines`, logging sentences and megabytes read every _PROGRESS_EVERY_S and
+  when the reading ends (what follows is SentencePiece's own work)."""
+  start = last = time.monotonic()
+  count = size = 0
+  for line in lines:
+    count += 1
+    size += len(line)
+    now = time.monotonic()
+    if now - last >= _PROGRESS_EVERY_S:
+      last = now
+      logging.info("tokenizer: read %d sentences (%.0f MB) in %.0fs; it samples "
+                   "%d of them", count, size / 1e6, now - start, max_sentences)
+    yield line
+  logging.info("tokenizer: read all %d sentences (%.0f MB) in %.0fs; SentencePiece "
+               "is now building the vocabulary from at most %d of them", count,
+               size / 1e6, time.monotonic() - start, max_sentences)
+
+
 def _training_lines(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
   """Splits texts into sentence lines of at most `max_bytes` UTF-8 bytes.
 
@@ -210,7 +234,8 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str, *, vocab_size: int,
   spm.set_random_generator_seed(seed)
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=_training_lines(texts, _MAX_TRAINING_LINE_BYTES),
+        sentence_iterator=_with_progress(
+            _training_lines(texts, _MAX_TRAINING_LINE_BYTES), max_sentences),
         model_prefix=tmp_prefix,
         model_type=model_type,
         vocab_size=vocab_size,

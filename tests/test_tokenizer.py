@@ -116,6 +116,24 @@ def test_training_is_deterministic(tmp_path, paragraphs):
   assert sorted(os.listdir(tmp_path)) == ["a.model", "a.vocab", "b.model", "b.vocab"]
 
 
+def test_training_says_how_far_the_reading_is(tmp_path, paragraphs, monkeypatch):
+  """Tokenizer training is not silent: progress lines while the sentences are
+  read, then one line saying SentencePiece builds the vocabulary."""
+  messages = []
+  monkeypatch.setattr(tokenizer_lib.logging, "info",
+                      lambda fmt, *args: messages.append(fmt % args))
+  monkeypatch.setattr(tokenizer_lib, "_PROGRESS_EVERY_S", 0.0)  # Every sentence.
+  texts = paragraphs[:200]
+  tokenizer_lib.train_tokenizer(texts, str(tmp_path / "sp"), vocab_size=300,
+                                max_sentences=1000)
+  expected = sum(1 for _ in tokenizer_lib._training_lines(texts, 4096))
+  progress = [int(re.search(r"read (\d+) sentences", m).group(1)) for m in messages
+              if re.match(r"tokenizer: read \d+ sentences", m)]
+  assert progress == list(range(1, expected + 1))
+  assert messages[-1].startswith(f"tokenizer: read all {expected} sentences")
+  assert "building the vocabulary from at most 1000 of them" in messages[-1]
+
+
 def test_long_paragraphs_are_split_for_training(tmp_path, paragraphs):
   # One 40+ kB line: SentencePiece would skip it (max_sentence_length) and fail
   # with "no sentences"; train_tokenizer must cut it into sentences.
