@@ -127,25 +127,41 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator) -> Non
 
 def _quarantine(manager: ocp.CheckpointManager, step: int) -> str:
   """Moves a bad step aside (never deletes it) so the next save can use its
-  number; process 0 renames, everyone waits."""
+  number. Every process calls it (they agreed on `step`); process 0 picks the
+  name and renames, the others learn the name from it."""
   directory = os.path.join(str(manager.directory), str(step))
-  target = f"{directory}.corrupt"
-  suffix = 1
-  while os.path.exists(target):
-    target, suffix = f"{directory}.corrupt{suffix}", suffix + 1
+  suffix = 0
   if jax.process_index() == 0:
-    os.rename(directory, target)
+    while os.path.exists(f"{directory}.corrupt{suffix or ''}"):
+      suffix += 1
+    os.rename(directory, f"{directory}.corrupt{suffix or ''}")
   if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(f"maelm_quarantine_{step}")
+    suffix = int(multihost_utils.broadcast_one_to_all(np.int32(suffix)))
   manager.reload()
-  return target
+  return f"{directory}.corrupt{suffix or ''}"
 
 
 def _everyone(ok: bool) -> bool:
-  """True only if `ok` on every process, so all hosts restore the same step."""
+  """True only if `ok` on every process, so all hosts restore the same step.
+  Also the only collective of a restore: every process calls it the same number
+  of times, whatever failed where."""
   if jax.process_count() == 1:
     return ok
   return bool(multihost_utils.process_allgather(np.int32(ok)).min())
+
+
+def _local_checkpointer() -> ocp.Checkpointer:
+  """Reads this process's shards with no barrier inside. The manager's own
+  `restore` ends in a barrier that only the processes whose read succeeded
+  reach; one host failing to read a chunk (a corrupt file only it reads) would
+  leave the others there while it went on, and the hosts' collectives would
+  pair up wrongly (measured: tests/restore_agreement_worker.py)."""
+  me = jax.process_index()
+  options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+  return ocp.Checkpointer(
+      ocp.CompositeCheckpointHandler(
+          composite_options=ocp.CompositeOptions(multiprocessing_options=options)),
+      multiprocessing_options=options)
 
 
 def _read_aux_state(step_dir: str, item: str) -> None:
@@ -186,6 +202,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, abstract_state,
   Returns (state, aux, step), or (None, None, None) for a fresh start.
   """
   quarantined = []
+  checkpointer = _local_checkpointer()
   for step in sorted(manager.all_steps(), reverse=True):
     step_dir = os.path.join(str(manager.directory), str(step))
     try:
@@ -205,26 +222,31 @@ def restore_newest_readable(manager: ocp.CheckpointManager, abstract_state,
       logging.info("restoring the checkpoint of step %d from %s...", step,
                    manager.directory)
       try:
-        state = manager.restore(step, args=ocp.args.Composite(
+        state = checkpointer.restore(step_dir, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state))).state
       except Exception as error:  # pylint: disable=broad-except
         read_error = error
     if _everyone(read_error is None):
+      aux_error = None
       try:
-        aux = manager.restore(step, args=ocp.args.Composite(
+        aux = checkpointer.restore(step_dir, args=ocp.args.Composite(
             **{aux_item: aux_restore()}))[aux_item]
-      except Exception as error:
+      except Exception as error:  # pylint: disable=broad-except
+        aux_error = error
+      if not _everyone(aux_error is None):
+        reason = (f"{type(aux_error).__name__}: {str(aux_error)[:200]}" if aux_error
+                  else "another process could not restore its part")
         raise CheckpointMismatch(
             f"checkpoint {step_dir}: the {aux_item} state does not fit this run "
-            f"({type(error).__name__}: {str(error)[:200]}); {aux_hint}. Resume "
-            "with the values in its config.json (nothing was changed)") from error
+            f"({reason}); {aux_hint}. Resume with the values in its config.json "
+            "(nothing was changed)") from aux_error
       return state, aux, step
     moved = _quarantine(manager, step)
     quarantined.append(moved)
-    logging.error("checkpoint at step %d cannot be restored (%s: %s); moved "
-                  "it to %s and falling back to the previous one", step,
-                  type(read_error).__name__ if read_error else "another process",
-                  str(read_error)[:500], moved)
+    logging.error("checkpoint at step %d cannot be restored (%s); moved it to %s "
+                  "and falling back to the previous one", step,
+                  f"{type(read_error).__name__}: {str(read_error)[:500]}" if read_error
+                  else "another process could not read it", moved)
   if quarantined and not start_over:
     raise CheckpointMismatch(
         f"no checkpoint of {manager.directory} could be read (moved aside, not "
@@ -244,15 +266,25 @@ class Pretrained:
   step: int
 
 
-def saved_params_scanned(workdir: str, step: int | None = None) -> bool:
-  """Whether the checkpoint stores its layers stacked (model.scan_layers)."""
+def _params_metadata(workdir: str, step: int | None):
+  """(step, path of its `state` item, the metadata tree of `state.params`),
+  read from the checkpoint itself, whatever mesh or process count wrote it."""
   step = latest_step(workdir) if step is None else step
   if step is None:
-    return False  # restore_params names the problem.
+    raise FileNotFoundError(
+        f"no checkpoint in {checkpoint_dir(workdir)}; --config.init_from must name "
+        "the workdir of a pretraining run that saved at least one checkpoint")
   path = os.path.join(checkpoint_dir(workdir), str(step), "state")
   metadata = ocp.PyTreeCheckpointer().metadata(path)
   tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata.tree
-  return model_lib.is_scanned(tree["params"])
+  return step, path, tree["params"]
+
+
+def saved_params_scanned(workdir: str, step: int | None = None) -> bool:
+  """Whether the checkpoint stores its layers stacked (model.scan_layers)."""
+  if latest_step(workdir) is None and step is None:
+    return False  # restore_params names the problem.
+  return model_lib.is_scanned(_params_metadata(workdir, step)[2])
 
 
 def restore_params(workdir: str, step: int | None = None,
@@ -266,16 +298,7 @@ def restore_params(workdir: str, step: int | None = None,
   shaped leaves) a checkpoint of another model raises `CheckpointMismatch` naming
   the first differences, before any array is read.
   """
-  step = latest_step(workdir) if step is None else step
-  if step is None:
-    raise FileNotFoundError(
-        f"no checkpoint in {checkpoint_dir(workdir)}; --config.init_from must name "
-        "the workdir of a pretraining run that saved at least one checkpoint")
-  path = os.path.join(checkpoint_dir(workdir), str(step), "state")
-  checkpointer = ocp.PyTreeCheckpointer()
-  metadata = checkpointer.metadata(path)
-  tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata.tree
-  params_meta = tree["params"]
+  step, path, params_meta = _params_metadata(workdir, step)
   if expected is not None:
     differences = tree_differences(params_meta, expected)
     if differences:
@@ -294,7 +317,7 @@ def restore_params(workdir: str, step: int | None = None,
     restore_args = jax.tree.map(lambda _, s: ocp.ArrayRestoreArgs(sharding=s),
                                 params_meta, shardings)
   item = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), params_meta)
-  restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+  restored = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
       item={"params": item}, restore_args={"params": restore_args},
       partial_restore=True))
   return restored["params"], step
@@ -302,13 +325,15 @@ def restore_params(workdir: str, step: int | None = None,
 
 def load_pretrained(workdir: str, *, encoder_only: bool = True,
                     step: int | None = None,
-                    scan_layers: bool | None = None) -> Pretrained:
+                    scan_layers: bool | None = None,
+                    read_params: bool = True) -> Pretrained:
   """Loads tokenizer, model config and params of a pretraining workdir.
 
   With `encoder_only` (fine-tuning), only `token_embed` and `encoder` are read:
   the MAE-LM/3ML decoder and the LM head are neither needed nor loaded. With
   `scan_layers` (True/False) params and `model_cfg` come in that layer layout,
-  whichever the run saved (None: as saved).
+  whichever the run saved (None: as saved). Without `read_params`, `params` is
+  None and `step` the checkpoint they would come from (`read_pretrained_params`).
   """
   config_path = os.path.join(workdir, "config.json")
   if not os.path.exists(config_path):
@@ -319,11 +344,23 @@ def load_pretrained(workdir: str, *, encoder_only: bool = True,
   tokenizer = tokenizer_lib.Tokenizer(os.path.join(workdir, "tokenizer.model"))
   model_cfg = model_lib.ModelConfig.from_config(config.model, tokenizer.vocab_size,
                                                 tokenizer.mask_id)
-  collections = model_lib.ENCODER_COLLECTIONS if encoder_only else None
-  params, step = restore_params(workdir, step, collections)
-  if scan_layers is not None and scan_layers != model_lib.is_scanned(params):
-    params = jax.tree.map(np.asarray, model_lib.params_for(params, scan_layers))
   if scan_layers is not None:
     model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers)
-  return Pretrained(params=params, model_cfg=model_cfg, tokenizer=tokenizer,
-                    config=config, step=step)
+  pretrained = Pretrained(params=None, model_cfg=model_cfg, tokenizer=tokenizer,
+                          config=config, step=step)
+  if not read_params:
+    pretrained.step = _params_metadata(workdir, step)[0]
+    return pretrained
+  return read_pretrained_params(workdir, pretrained, encoder_only=encoder_only)
+
+
+def read_pretrained_params(workdir: str, pretrained: Pretrained, *,
+                           encoder_only: bool = True) -> Pretrained:
+  """Fills `pretrained.params` from its checkpoint (`pretrained.step`), in the
+  layer layout of `pretrained.model_cfg`."""
+  collections = model_lib.ENCODER_COLLECTIONS if encoder_only else None
+  params, pretrained.step = restore_params(workdir, pretrained.step, collections)
+  if pretrained.model_cfg.scan_layers != model_lib.is_scanned(params):
+    params = model_lib.params_for(params, pretrained.model_cfg.scan_layers)
+  pretrained.params = params
+  return pretrained

@@ -200,3 +200,39 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0,
                              err_msg="train/loss, steps 7..9: resumed 2-process run "
                                      "vs uninterrupted 1-process run")
+
+
+def test_hosts_agree_on_the_step_they_restore(tmp_path):
+  """Two real processes, each seeing a different unreadable checkpoint (see
+  tests/restore_agreement_worker.py): both restore the same, older step."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  workdir = tmp_path / "run"
+  worker = REPO / "tests" / "restore_agreement_worker.py"
+  runs = [Run(f"worker{i}", [sys.executable, str(worker), f"127.0.0.1:{port}", str(i),
+                             str(workdir), str(tmp_path / f"out{i}.json")],
+              clean_env(PYTHONPATH=str(REPO)), tmp_path / f"worker{i}.out",
+              launcher=False) for i in range(2)]
+  try:
+    for run in runs:
+      run.finish()
+  finally:
+    for run in runs:
+      run.stop()
+  results = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
+  for i, result in enumerate(results):
+    assert result["step"] == 1 and result["progress"] == {"step": 1}, result
+    assert result["steps_left"] == [1], result
+    # This process's 4 rows, each holding step 1's value (row + 100).
+    assert sorted(result["local_shards"].values()) == [
+        100 + row for row in range(4 * i, 4 * i + 4)], result
+  # Each bad step moved aside exactly once, never deleted.
+  assert results[0]["listing"] == ["1", "2.corrupt", "3.corrupt"]
+  log = runs[0].output() + runs[1].output()
+  assert "checkpoint at step 3 cannot be restored (another process could not read it)" \
+      in runs[0].output()
+  assert "checkpoint at step 2 cannot be restored (" in runs[0].output()
+  assert "checkpoint at step 3 cannot be restored (OSError: injected" in runs[1].output()
+  assert "Traceback" not in log
