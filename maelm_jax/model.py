@@ -417,6 +417,13 @@ def _positions_table(cfg, name):
 SCANNED_LAYERS = "layers"
 
 
+def _stack(*xs):
+  # Host arrays (a checkpoint read on the host) stay on the host.
+  if all(isinstance(x, np.ndarray) for x in xs):
+    return np.stack(xs)
+  return jnp.stack(xs)
+
+
 def stack_layers(tree):
   """Unrolled parameters (`layer_0`, `layer_1`, ... in a stack) -> scanned
   (`layers`, each leaf with a leading layer axis). Anything else is kept."""
@@ -427,7 +434,7 @@ def stack_layers(tree):
     rest = {k: stack_layers(v) for k, v in tree.items()
             if not (k.startswith("layer_") and k[6:].isdigit())}
     layers = [tree[f"layer_{i}"] for i in range(count)]
-    return {**rest, SCANNED_LAYERS: jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+    return {**rest, SCANNED_LAYERS: jax.tree.map(_stack, *layers)}
   return {k: stack_layers(v) for k, v in tree.items()}
 
 

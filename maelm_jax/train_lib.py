@@ -66,16 +66,47 @@ def _dummy_masks(cfg: ModelConfig, seq_len: int, batch: int = 1) -> masking.Mask
                             vocab_size=cfg.vocab_size)
 
 
+def state_layout(init_boxed_params, init_state, tx, mesh, *init_args):
+  """The shapes and shardings of the state `init_state(seed, *init_args)` builds,
+  with nothing allocated. Shared by pretraining (`TrainState`) and fine-tuning
+  (`finetune.run.FinetuneState`).
+
+  Parameters are sharded by the logical axes their modules declare (read from
+  `init_boxed_params(rng)`, the model's boxed params, via `jax.eval_shape`), the
+  optimizer state like the parameters it belongs to, every other leaf (step,
+  rng, counters) replicated. `init_args` may be `jax.ShapeDtypeStruct`s.
+  Returns (abstract_state with shardings, state_shardings).
+  """
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    abstract_boxed = jax.eval_shape(init_boxed_params, jax.random.PRNGKey(0))
+    param_specs = nn.get_partition_spec(abstract_boxed)
+    abstract = jax.eval_shape(init_state, jnp.uint32(0), *init_args)
+    opt_specs = optax.tree_map_params(
+        tx, lambda _, spec: spec, abstract.opt_state, param_specs,
+        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    specs = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), abstract).replace(
+        params=param_specs, opt_state=opt_specs)
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract, shardings)
+  return abstract, shardings
+
+
+def build_state(init_state, shardings, mesh, seed: int, *init_args):
+  """Runs `init_state(seed, *init_args)` inside a jit whose `out_shardings` are
+  `shardings`, so each device creates only its own shards and no parameter is
+  ever whole on one device. `init_args` must already be placed (their shardings
+  are kept)."""
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    return jax.jit(init_state, out_shardings=shardings)(jnp.uint32(seed), *init_args)
+
+
 def abstract_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh):
   """The train state's shapes, dtypes and shardings, with nothing allocated:
   what a checkpoint is restored into (resume never builds a fresh state first).
   Returns (abstract_state, state_shardings)."""
-  init, shardings = _state_init(model_cfg, seq_len, tx, mesh)
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    abstract = jax.eval_shape(init, jnp.uint32(0))
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          abstract, shardings)
-  return abstract, shardings
+  return state_layout(*_state_init(model_cfg, seq_len, tx), tx, mesh)
 
 
 def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: int):
@@ -85,44 +116,26 @@ def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: i
   out_shardings, so no parameter is ever materialised on a single device.
   Returns (state, state_shardings).
   """
-  init, shardings = _state_init(model_cfg, seq_len, tx, mesh)
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    state = jax.jit(init, out_shardings=shardings)(jnp.uint32(seed))
-  return state, shardings
+  init_boxed, init = _state_init(model_cfg, seq_len, tx)
+  _, shardings = state_layout(init_boxed, init, tx, mesh)
+  return build_state(init, shardings, mesh, seed), shardings
 
 
-def _state_init(model_cfg: ModelConfig, seq_len: int, tx, mesh):
-  """(init(seed) -> TrainState, the state's shardings)."""
+def _state_init(model_cfg: ModelConfig, seq_len: int, tx):
+  """(init_boxed_params(rng), init_state(seed) -> TrainState)."""
   model = MaskedLM(model_cfg)
 
   def init_boxed(rng):
     return model.init(rng, _dummy_masks(model_cfg, seq_len))["params"]
 
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    abstract_boxed = jax.eval_shape(init_boxed, jax.random.PRNGKey(0))
-    param_specs = nn.get_partition_spec(abstract_boxed)
-    abstract_params = nn.meta.unbox(abstract_boxed)
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    opt_specs = optax.tree_map_params(
-        tx, lambda _, spec: spec, abstract_opt, param_specs,
-        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
-        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    scalar = jax.sharding.PartitionSpec()
-    specs = TrainState(step=scalar, params=param_specs, opt_state=opt_specs,
-                       rng=scalar, nonfinite_count=scalar,
-                       last_nonfinite_step=scalar)
-    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
+  def init(seed_array):
+    init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed_array))
+    params = nn.meta.unbox(init_boxed(init_rng))
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(step=zero, params=params, opt_state=tx.init(params),
+                      rng=state_rng, nonfinite_count=zero, last_nonfinite_step=zero)
 
-    def init(seed_array):
-      rng = jax.random.PRNGKey(seed_array)
-      init_rng, state_rng = jax.random.split(rng)
-      params = nn.meta.unbox(init_boxed(init_rng))
-      zero = jnp.zeros((), jnp.int32)
-      return TrainState(step=zero, params=params, opt_state=tx.init(params),
-                        rng=state_rng, nonfinite_count=zero,
-                        last_nonfinite_step=zero)
-
-  return init, shardings
+  return init_boxed, init
 
 
 def _split_microbatches(tree, num_micro: int):

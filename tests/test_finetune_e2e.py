@@ -576,6 +576,10 @@ def test_finetuning_stopped_by_ctrl_c_resumes_exactly(tmp_path, pretrained):
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert f"resumed from" in out.stderr and f"at step {stopped_at} (epoch 2)" in out.stderr
+  # Restored straight into the abstract state: the pretrained encoder was read
+  # (and a fresh state built) by the first launch only.
+  assert "loaded encoder (token_embed, encoder) from step" in stderr
+  assert "loaded encoder" not in out.stderr
   resumed = json.loads((workdir / run.RESULTS_FILE).read_text())
   ours, theirs = train_losses(workdir), train_losses(tmp_path / "reference")
   assert [s for s, _ in ours] == [s for s, _ in theirs] == list(range(1, 41))

@@ -352,50 +352,48 @@ def check_pretrained(config) -> None:
 # --------------------------------------------------------- Sharded state --
 
 
-def create_state(model: nn.Module, max_seq_len: int, backbone_params, tx, mesh,
-                 seed: int):
-  """The train state, already sharded: pretrained backbone + a new head.
-
-  The pattern of `train_lib.create_sharded_state`: shapes and logical partition
-  specs come from `jax.eval_shape`, the pretrained numpy arrays are placed
-  straight into their shards, and the head and optimizer state are created
-  inside a jit with `out_shardings`, so nothing is materialised whole on one
-  device. Returns (state, state_shardings).
-  """
+def _state_init(model: nn.Module, max_seq_len: int, tx):
+  """(init_boxed_params(rng), init_state(seed, backbone) -> FinetuneState): a new
+  head around the given (pretrained) backbone params."""
   dummy_ids = jnp.zeros((1, max_seq_len), jnp.int32)
 
   def init_boxed(rng):
     return model.init(rng, dummy_ids)["params"]
 
+  def init(seed_array, backbone):
+    init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed_array))
+    params = dict(nn.meta.unbox(init_boxed(init_rng)))
+    params["backbone"] = backbone  # XLA drops the unused random backbone init.
+    return FinetuneState(step=jnp.zeros((), jnp.int32), params=params,
+                         opt_state=tx.init(params), rng=state_rng)
+
+  return init_boxed, init
+
+
+def abstract_state(model: nn.Module, max_seq_len: int, tx, mesh):
+  """The fine-tuning state's shapes and shardings, nothing allocated and nothing
+  read (what resume restores into). Returns (abstract_state, state_shardings)."""
+  init_boxed, init = _state_init(model, max_seq_len, tx)
   with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    abstract_boxed = jax.eval_shape(init_boxed, jax.random.PRNGKey(0))
-    param_specs = nn.get_partition_spec(abstract_boxed)
-    abstract_params = nn.meta.unbox(abstract_boxed)
-    _check_backbone_shapes(abstract_params["backbone"], backbone_params)
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    opt_specs = optax.tree_map_params(
-        tx, lambda _, spec: spec, abstract_opt, param_specs,
-        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
-        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    specs = FinetuneState(step=jax.sharding.PartitionSpec(), params=param_specs,
-                          opt_state=opt_specs, rng=jax.sharding.PartitionSpec())
-    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
-    backbone_shardings = shardings.params["backbone"]
-    # Each process builds only its own shards from the host copy.
-    backbone = jax.tree.map(
-        lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
-        backbone_params, backbone_shardings)
+    backbone = nn.meta.unbox(jax.eval_shape(init_boxed, jax.random.PRNGKey(0)))["backbone"]
+  return train_lib.state_layout(init_boxed, init, tx, mesh, backbone)
 
-    def init(seed_array, backbone):
-      init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed_array))
-      params = dict(nn.meta.unbox(init_boxed(init_rng)))
-      params["backbone"] = backbone  # XLA drops the unused random backbone init.
-      return FinetuneState(step=jnp.zeros((), jnp.int32), params=params,
-                           opt_state=tx.init(params), rng=state_rng)
 
-    state = jax.jit(init, in_shardings=(None, backbone_shardings),
-                    out_shardings=shardings)(jnp.uint32(seed), backbone)
-  return state, shardings
+def create_state(model: nn.Module, max_seq_len: int, backbone_params, tx, mesh,
+                 seed: int):
+  """The train state, already sharded: pretrained backbone + a new head.
+
+  The mechanism of pretraining (`train_lib.state_layout` / `build_state`); the
+  pretrained numpy arrays are placed straight into their shards, each process
+  building only its own. Returns (state, state_shardings).
+  """
+  init_boxed, init = _state_init(model, max_seq_len, tx)
+  abstract, shardings = abstract_state(model, max_seq_len, tx, mesh)
+  _check_backbone_shapes(abstract.params["backbone"], backbone_params)
+  backbone = jax.tree.map(
+      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+      backbone_params, shardings.params["backbone"])
+  return train_lib.build_state(init, shardings, mesh, seed, backbone), shardings
 
 
 def _check_backbone_shapes(expected, loaded) -> None:
@@ -510,15 +508,10 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   is_main = jax.process_index() == 0
 
   # -------------------------------------------------- Pretrained encoder --
+  # Its config and tokenizer now; its params only if there is nothing to resume.
   pretrained = checkpoints.load_pretrained(
-      config.init_from, encoder_only=True,
+      config.init_from, encoder_only=True, read_params=False,
       step=None if config.init_step < 0 else config.init_step)
-  pretrain_model = pretrained.config.model
-  dropped = ("no decoder (MLM)" if pretrain_model.decoder_type == "none" else
-             f"{pretrain_model.objective} decoder ({pretrain_model.decoder_type}, "
-             f"{pretrain_model.decoder_layers} layers)")
-  logging.info("loaded encoder (token_embed, encoder) from step %d of %s; %s and LM "
-               "head not loaded", pretrained.step, config.init_from, dropped)
   model_cfg = dataclasses.replace(
       pretrained.model_cfg, dropout=config.dropout,
       attention_dropout=config.attention_dropout,
@@ -539,48 +532,53 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       end_learning_rate_ratio=config.end_learning_rate_ratio,
       weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
       adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps))
-  if is_main:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
   # ------------------------------------------- Model, optimizer, sharded state --
   tx = train_lib.make_optimizer(optimizer_config)
   schedule = train_lib.learning_rate_schedule(optimizer_config)
-  state, state_shardings = create_state(
-      problem.make_model(model_cfg, deterministic=True), config.max_seq_len,
-      pretrained.params, tx, mesh, config.seed)
-  pretrained.params = None  # The host copy is no longer needed.
+  model = problem.make_model(model_cfg, deterministic=True)
+  abstract, state_shardings = abstract_state(model, config.max_seq_len, tx, mesh)
   train_step, predict_step = make_steps(problem, model_cfg, tx, mesh, state_shardings)
-
-  def predict(input_ids):  # With the current `state` (rebound by the loop).
-    return predict_all(predict_step, state.params, input_ids, config.eval_batch_size,
-                       mesh)
-
   logging.info("%d epochs x %d steps of %d examples (%d warm-up steps); mesh %s",
                config.num_epochs, steps_per_epoch, config.batch_size,
                optimizer_config.warmup_steps, dict(mesh.shape))
 
   # ------------------------------------------------ Checkpoints and resume --
-  # The pretraining mechanism (checkpoints.restore_newest_readable): a run
-  # stopped at any step (SIGTERM, Ctrl-C, kill -9 after an epoch) resumes where
-  # it was, with the same losses: the epoch order is a function of (seed, epoch)
-  # and dropout of (rng, step). `progress` says where to go on from.
+  # The pretraining mechanism (checkpoints.restore_newest_readable), restoring
+  # straight into the abstract state: a run stopped at any step (SIGTERM,
+  # Ctrl-C, kill -9 after an epoch) resumes where it was, with the same losses:
+  # the epoch order is a function of (seed, epoch) and dropout of (rng, step).
+  # `progress` says where to go on from.
   manager = checkpoints.make_manager(workdir, config, item_names=("state", "progress"))
-  abstract_state = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      state, state_shardings)
-  restored, progress, restored_step = checkpoints.restore_newest_readable(
-      manager, abstract_state, "progress", ocp.args.JsonRestore,
+  state, progress, restored_step = checkpoints.restore_newest_readable(
+      manager, abstract, "progress", ocp.args.JsonRestore,
       "it was written by another fine-tuning setup", start_over=config.get(
           "start_over", False))
-  if restored is not None:
-    state = restored
+  if state is not None:
     logging.info("resumed from %s at step %d (epoch %d)", manager.directory,
                  restored_step, progress["epoch"])
+  else:  # A fresh start: the pretrained encoder and a new head.
+    checkpoints.read_pretrained_params(config.init_from, pretrained)
+    pretrain_model = pretrained.config.model
+    dropped = ("no decoder (MLM)" if pretrain_model.decoder_type == "none" else
+               f"{pretrain_model.objective} decoder ({pretrain_model.decoder_type}, "
+               f"{pretrain_model.decoder_layers} layers)")
+    logging.info("loaded encoder (token_embed, encoder) from step %d of %s; %s and "
+                 "LM head not loaded", pretrained.step, config.init_from, dropped)
+    state, _ = create_state(model, config.max_seq_len, pretrained.params, tx, mesh,
+                            config.seed)
+    pretrained.params = None  # The host copy is no longer needed.
   progress = progress or {"epoch": 1, "batches_done": 0, "history": []}
-  if is_main:  # Records after the step the run goes on from are redone.
+  if is_main:  # Once the checkpoints are known to fit (they were not touched).
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    # Records after the step the run goes on from are redone.
     metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"),
                                   restored_step or 0)
+
+  def predict(input_ids):  # With the current `state` (rebound by the loop).
+    return predict_all(predict_step, state.params, input_ids, config.eval_batch_size,
+                       mesh)
 
   def save(step, epoch, batches_done):
     manager.save(step, args=ocp.args.Composite(
