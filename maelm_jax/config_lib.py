@@ -6,6 +6,8 @@ Every error says what is wrong and which `--config.x=...` fixes it.
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from maelm_jax import model as model_lib
@@ -225,4 +227,15 @@ def config_differences(saved: dict, current: dict,
   saved = {**{k: v for k, v in ADDED_KEYS.items() if k in current}, **saved}
   return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
           for key in sorted(set(saved) | set(current))
-          if key not in resumable and saved.get(key) != current.get(key)]
+          if key not in resumable
+          and _same_place(saved.get(key)) != _same_place(current.get(key))]
+
+
+def _same_place(value):
+  """A `text:` source as the absolute glob it names, so that the same files
+  spelt from another directory ('text:../data/*.txt', 'text:/work/data/*.txt')
+  are the same config; anything else as it is."""
+  if isinstance(value, str) and value.startswith("text:"):
+    return "text:" + ",".join(os.path.abspath(os.path.expanduser(p)) if p else p
+                              for p in value[len("text:"):].split(","))
+  return value

@@ -30,7 +30,6 @@ from maelm_jax import (baselines, checkpoints, config_lib, corpus_report, flops,
                        preemption, sharding, sources, tokenizer as tokenizer_lib,
                        train_lib, workdir as workdir_lib)
 from maelm_jax import model as model_lib
-from maelm_jax.model import ModelConfig
 
 
 # --------------------------------------------------------------------------
@@ -246,7 +245,7 @@ def describe_launch(config, workdir: str) -> list[str]:
   else:
     vocab, mask_id = config.tokenizer.vocab_size, 4
     vocab_from = "to be trained into the workdir"
-  model_cfg = ModelConfig.from_config(config.model, vocab, mask_id)
+  model_cfg = model_lib.ModelConfig.from_config(config.model, vocab, mask_id)
   tx = train_lib.make_optimizer(config)
   abstract, _ = train_lib.abstract_sharded_state(model_cfg, config.seq_len, tx, mesh)
   sizes = {k: sum(x.size for x in jax.tree.leaves(v))
@@ -353,7 +352,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   eval_ds = dataset(eval_source, seed=config.seed, shuffle=False, repeat=False)
 
   # ------------------------------------------- Model, optimizer, sharded state --
-  model_cfg = ModelConfig.from_config(config.model, tokenizer.vocab_size,
+  model_cfg = model_lib.ModelConfig.from_config(config.model, tokenizer.vocab_size,
                                       tokenizer.mask_id)
   tx = train_lib.make_optimizer(config)
   abstract_state, state_shardings = train_lib.abstract_sharded_state(

@@ -151,3 +151,21 @@ def test_rerun_trains_nothing_and_another_config_is_refused(comparison, monkeypa
     sweep.run_sweep(config_file, str(out / "pretrain"),
                     {"tokenizer.path": tokenizer, "learning_rate": 1e-4})
   assert "learning_rate" in str(error.value) and calls == []
+
+
+def test_the_same_text_files_spelt_from_another_directory_are_the_same_run(
+    tmp_path, monkeypatch):
+  """A sweep re-run from another directory, or with the absolute path, is the
+  same run (it was refused: 'text:/work/data/*.txt' -> 'text:../data/*.txt')."""
+  (tmp_path / "data").mkdir()
+  (tmp_path / "main").mkdir()
+  monkeypatch.chdir(tmp_path / "main")
+  saved = {"data": {"source": f"text:{tmp_path}/data/*.txt,{tmp_path}/more/*.gz"}}
+  same = {"data": {"source": "text:../data/*.txt,../more/*.gz"}}
+  other = {"data": {"source": "text:../data/*.jsonl,../more/*.gz"}}
+  assert config_lib.config_differences(saved, same) == []
+  assert config_lib.config_differences(saved, other) == [
+      f"data.source: 'text:{tmp_path}/data/*.txt,{tmp_path}/more/*.gz' -> "
+      "'text:../data/*.jsonl,../more/*.gz'"]
+  assert config_lib.config_differences({"data": {"source": "pydoc:"}},
+                                       {"data": {"source": "pydoc:"}}) == []
