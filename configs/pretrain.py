@@ -116,6 +116,9 @@ def get_config(arg=None):
   config.model.zero_init_residual = False
   config.model.dropout = 0.1
   config.model.attention_dropout = 0.1
+  # Dropout on the FFN's hidden units after GELU: none, as in BERT, RoBERTa and
+  # MAE-LM (fairseq's --activation-dropout 0).
+  config.model.activation_dropout = 0.0
   config.model.dtype = "bfloat16"
   # Runtime choices (a run resumes under another): model.ATTENTION_IMPLS and
   # model.REMAT_POLICIES say what each does; remat=True is remat_policy='full'.

@@ -52,6 +52,7 @@ def get_config(arg=None):
   config.grad_clip_norm = 1.0
   config.dropout = 0.1
   config.attention_dropout = 0.1
+  config.activation_dropout = 0.0  # After the FFN's GELU (none in RoBERTa).
   # 'auto': cuDNN flash attention where it applies (GPU, bf16, and so at eval
   # only while attention dropout is on), the einsum elsewhere (model.ATTENTION_IMPLS).
   config.attention_impl = "auto"

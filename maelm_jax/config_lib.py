@@ -112,6 +112,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
   need(0.0 <= m.dropout < 1.0 and 0.0 <= m.attention_dropout < 1.0,
        "model.dropout and model.attention_dropout must be in [0, 1)")
+  need(0.0 <= m.get("activation_dropout", 0.0) < 1.0,
+       f"model.activation_dropout={m.get('activation_dropout')} must be in [0, 1)")
   need(m.get("relative_bias_init", "normal") in model_lib.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
        f"{model_lib.RELATIVE_BIAS_INITS}")
@@ -191,6 +193,10 @@ def _flatten(d, prefix=""):
   return out
 
 
+class SameAs(str):
+  """An ADDED_KEYS value: the saved config's value of another key."""
+
+
 # Keys added after workdirs were first written, each with the value that does
 # what runs did before the key existed: a saved config.json without the key is
 # equal to a config with that value (so old workdirs still resume).
@@ -210,7 +216,20 @@ ADDED_KEYS = {
     "model.remat_policy": "none",
     "model.scan_layers": False,
     "attention_impl": "auto",
+    # The FFN's inner dropout was `dropout` before it had its own key.
+    "model.activation_dropout": SameAs("model.dropout"),
+    "activation_dropout": SameAs("dropout"),
 }
+
+
+def with_added_keys(saved: dict, current: dict) -> dict:
+  """Flat `saved` with every ADDED_KEYS key that `current` has and `saved`
+  lacks, at the value that does what the saved run did."""
+  added = {}
+  for key, value in ADDED_KEYS.items():
+    if key in current and key not in saved:
+      added[key] = saved.get(value) if isinstance(value, SameAs) else value
+  return {**added, **saved}
 
 
 # A fine-tuning run is fixed by everything, init_from included; only where it
@@ -224,7 +243,7 @@ def config_differences(saved: dict, current: dict,
                        resumable=RESUMABLE_CHANGES) -> list[str]:
   """Keys (other than `resumable`) whose values differ, as 'key: a -> b'."""
   saved, current = _flatten(saved), _flatten(current)
-  saved = {**{k: v for k, v in ADDED_KEYS.items() if k in current}, **saved}
+  saved = with_added_keys(saved, current)
   return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
           for key in sorted(set(saved) | set(current))
           if key not in resumable

@@ -99,6 +99,11 @@ class ModelConfig:
   zero_init_residual: bool = False
   dropout: float = 0.1
   attention_dropout: float = 0.1
+  # Dropout on the encoder's FFN hidden units, after GELU (fairseq's
+  # --activation-dropout). 0, as in BERT, RoBERTa and MAE-LM: their FFN has no
+  # dropout inside. Runs made before this knob existed used `dropout` there, and
+  # read back that way (`from_config`, config_lib.ADDED_KEYS).
+  activation_dropout: float = 0.0
   dtype: Any = jnp.bfloat16
   attention_impl: str = "auto"
   remat: bool = False  # Shorthand for remat_policy='full'.
@@ -146,6 +151,7 @@ class ModelConfig:
         zero_init_residual=model_cfg.get("zero_init_residual", False),
         dropout=model_cfg.dropout,
         attention_dropout=model_cfg.attention_dropout,
+        activation_dropout=model_cfg.get("activation_dropout", model_cfg.dropout),
         dtype=jnp.dtype(model_cfg.dtype),
         attention_impl=model_cfg.get("attention_impl", "auto"),
         remat=model_cfg.remat,
@@ -381,6 +387,7 @@ class TransformerLayer(nn.Module):
   deterministic: bool
   cross_attention: bool = False
   returns_carry: bool = False  # (x, None): the form `nn.scan` iterates.
+  activation_dropout_rate: float | None = None  # None: dropout_rate.
 
   @nn.compact
   def __call__(self, x, self_bias, memory=None, cross_bias=None):
@@ -398,7 +405,9 @@ class TransformerLayer(nn.Module):
     if self.cross_attention:
       x = sublayer(x, lambda h: attn("cross_attn")(h, memory, cross_bias),
                    "cross_attn")
-    x = sublayer(x, Mlp(cfg, self.dropout_rate, det, name="mlp"), "mlp")
+    activation_dropout = (self.dropout_rate if self.activation_dropout_rate is None
+                          else self.activation_dropout_rate)
+    x = sublayer(x, Mlp(cfg, activation_dropout, det, name="mlp"), "mlp")
     x = _constrain(x, ("batch", "act_len", "act_embed"))
     return (x, None) if self.returns_carry else x
 
@@ -471,6 +480,9 @@ class Stack(nn.Module):
   deterministic: bool
   relative_position_bias: bool = False
   cross_attention: bool = False
+  # Dropout after the FFN's GELU; None: dropout_rate (the decoder, whose every
+  # dropout is `decoder_dropout`).
+  activation_dropout_rate: float | None = None
 
   @nn.compact
   def __call__(self, x, positions, key_valid, memory=None, memory_valid=None,
@@ -508,11 +520,13 @@ class Stack(nn.Module):
                         metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = scanned(cfg, self.dropout_rate, self.attention_dropout_rate,
                      self.deterministic, self.cross_attention, True,
+                     self.activation_dropout_rate,
                      name=SCANNED_LAYERS)(x, self_bias, memory, cross_bias)
     else:
       for i in range(self.num_layers):
         x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,
                       self.deterministic, self.cross_attention,
+                      activation_dropout_rate=self.activation_dropout_rate,
                       name=f"layer_{i}")(x, self_bias, memory, cross_bias)
     if cfg.ln_type == "pre":
       x = _layer_norm(cfg, "final_ln")(x)
@@ -561,6 +575,7 @@ class Encoder(nn.Module):
                                                     ("vocab", "embed")))
     self.encoder = Stack(cfg, cfg.num_layers, cfg.dropout, cfg.attention_dropout,
                          self.deterministic, cfg.relative_position_bias,
+                         activation_dropout_rate=cfg.activation_dropout,
                          name="encoder")
 
   def encode(self, input_ids, positions, valid):

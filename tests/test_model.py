@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import masking, model as model_lib
+from maelm_jax import config_lib, masking, model as model_lib
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -260,3 +260,43 @@ def test_untied_embeddings_move_only_the_words_that_were_read(objective):
   assert np.all(row_norm(grads[False])[read] > 0.0)
   assert np.all(row_norm(grads[True])[~read] > 0.0)
   assert np.any(np.asarray(grads[False]["lm_head"]["embedding"]))
+
+
+def test_activation_dropout_is_its_own_knob_and_off_by_default():
+  """The dropout on the FFN's hidden units (after GELU) follows
+  `model.activation_dropout`, which is 0 by default as in BERT, RoBERTa and MAE-LM,
+  not `model.dropout`; runs saved before the knob existed read back as they ran."""
+  ids = random_ids(2, 32, VOCAB)
+
+  def encode(cfg, train):
+    params = init(cfg, draw(cfg, ids))
+    return model_lib.Encoder(cfg, deterministic=not train).apply(
+        {"params": model_lib.encoder_params(params)}, jnp.asarray(ids),
+        rngs={"dropout": jax.random.PRNGKey(3)})
+
+  no_dropout = {"model.dropout": 0.0, "model.attention_dropout": 0.0}
+  default = build("mlm", **no_dropout)
+  assert default.activation_dropout == 0.0
+  np.testing.assert_array_equal(encode(default, True), encode(default, False))
+  ffn_only = build("mlm", **no_dropout, **{"model.activation_dropout": 0.5})
+  changed = np.abs(np.asarray(encode(ffn_only, True) - encode(ffn_only, False)))
+  assert changed.mean() > 0.1, changed.mean()
+
+  # A config.json from before the knob: the FFN dropped out at `dropout`.
+  old = tiny_config("mlm", **{"model.dropout": 0.1})
+  with old.unlocked():
+    del old.model["activation_dropout"]
+  legacy = model_lib.ModelConfig.from_config(old.model, vocab_size=VOCAB, mask_id=4)
+  assert legacy.activation_dropout == 0.1
+  saved = old.to_dict()
+  now = tiny_config("mlm", **{"model.dropout": 0.1}).to_dict()
+  assert config_lib.config_differences(saved, now) == [
+      "model.activation_dropout: 0.1 -> 0.0"]
+  as_it_ran = tiny_config("mlm", **{"model.dropout": 0.1,
+                                    "model.activation_dropout": 0.1}).to_dict()
+  assert config_lib.config_differences(saved, as_it_ran) == []
+  # Runs without dropout (the fast recipe) resume unchanged.
+  old_fast = tiny_config("mlm", **no_dropout).to_dict()
+  del old_fast["model"]["activation_dropout"]
+  assert config_lib.config_differences(
+      old_fast, tiny_config("mlm", **no_dropout).to_dict()) == []

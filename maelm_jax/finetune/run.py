@@ -300,6 +300,8 @@ def validate(config) -> None:
        f"warmup_ratio={config.warmup_ratio} must be in [0, 1), e.g. 0.06")
   need(0.0 <= config.dropout < 1.0 and 0.0 <= config.attention_dropout < 1.0,
        "dropout and attention_dropout must be in [0, 1)")
+  need(0.0 <= config.get("activation_dropout", 0.0) < 1.0,
+       f"activation_dropout={config.get('activation_dropout')} must be in [0, 1)")
   impl = config.get("attention_impl", "auto")
   need(impl in model_lib.ATTENTION_IMPLS,
        f"attention_impl={impl!r} must be one of {model_lib.ATTENTION_IMPLS}")
@@ -515,6 +517,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   model_cfg = dataclasses.replace(
       pretrained.model_cfg, dropout=config.dropout,
       attention_dropout=config.attention_dropout,
+      activation_dropout=config.get("activation_dropout", config.dropout),
       attention_impl=config.get("attention_impl", "auto"),
       dtype=jnp.dtype(config.dtype) if config.dtype else pretrained.model_cfg.dtype)
 
