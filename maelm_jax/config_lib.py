@@ -250,6 +250,23 @@ def config_differences(saved: dict, current: dict,
           and _same_place(saved.get(key)) != _same_place(current.get(key))]
 
 
+def resume_flags(saved: dict, current: dict,
+                 resumable=RESUMABLE_CHANGES) -> list[str]:
+  """`--config.KEY=VALUE` for every differing key with a scalar saved value: the
+  flags that make `current` the saved run's config again."""
+  saved, current = _flatten(saved), _flatten(current)
+  saved = with_added_keys(saved, current)
+  flags = []
+  for key in sorted(set(saved) & set(current)):
+    value = saved[key]
+    if (key in resumable or _same_place(value) == _same_place(current[key])
+        or not isinstance(value, (bool, int, float, str))):
+      continue
+    flags.append(f"--config.{key}={value}" if not isinstance(value, str) or value
+                 else f"--config.{key}=''")
+  return flags
+
+
 def _same_place(value):
   """A `text:` source as the absolute glob it names, so that the same files
   spelt from another directory ('text:../data/*.txt', 'text:/work/data/*.txt')

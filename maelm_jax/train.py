@@ -75,14 +75,16 @@ def prepare_workdir(config, workdir: str) -> None:
   if os.path.exists(saved_path) and not config.allow_config_change:
     with open(saved_path) as f:
       saved = json.load(f)
-    differences = config_lib.config_differences(saved, json.loads(
-        config.to_json_best_effort()))
+    current = json.loads(config.to_json_best_effort())
+    differences = config_lib.config_differences(saved, current)
     if differences:
+      as_saved = " ".join(config_lib.resume_flags(saved, current))
       raise ValueError(
           f"workdir {workdir} belongs to a run with a different config:\n  "
-          + "\n  ".join(differences) + "\nUse a new --workdir, or pass "
-          "--config.allow_config_change=True to resume this run with the new "
-          "values anyway.")
+          + "\n  ".join(differences)
+          + (f"\nTo resume it as it was saved, add: {as_saved}" if as_saved else "")
+          + "\nOr use a new --workdir, or pass --config.allow_config_change=True "
+          "to resume this run with the new values anyway.")
 
 
 def tokenizer_path_for(config, workdir: str) -> str | None:

@@ -292,6 +292,7 @@ def test_activation_dropout_is_its_own_knob_and_off_by_default():
   now = tiny_config("mlm", **{"model.dropout": 0.1}).to_dict()
   assert config_lib.config_differences(saved, now) == [
       "model.activation_dropout: 0.1 -> 0.0"]
+  assert config_lib.resume_flags(saved, now) == ["--config.model.activation_dropout=0.1"]
   as_it_ran = tiny_config("mlm", **{"model.dropout": 0.1,
                                     "model.activation_dropout": 0.1}).to_dict()
   assert config_lib.config_differences(saved, as_it_ran) == []

@@ -219,6 +219,7 @@ def test_workdir_of_another_config_is_refused(tmp_path, tokenizer_file):
   assert out.returncode != 0
   assert "belongs to a run with a different config" in out.stderr
   assert "model.mask_ratio: 0.15 -> 0.3" in out.stderr
+  assert "To resume it as it was saved, add: --config.model.mask_ratio=0.15" in out.stderr
 
 
 def test_unknown_config_key_is_a_clear_error(tmp_path):

@@ -497,13 +497,16 @@ def check_same_run(config, workdir: str) -> None:
     return
   with open(path) as f:
     saved = json.load(f)
-  differences = config_lib.config_differences(
-      saved, json.loads(config.to_json_best_effort()),
-      resumable=config_lib.FINETUNE_RESUMABLE_CHANGES)
+  current = json.loads(config.to_json_best_effort())
+  resumable = config_lib.FINETUNE_RESUMABLE_CHANGES
+  differences = config_lib.config_differences(saved, current, resumable=resumable)
   if differences:
+    as_saved = " ".join(config_lib.resume_flags(saved, current, resumable=resumable))
     raise workdir_lib.WorkdirError(
         f"workdir {workdir} holds a fine-tuning run with another config:\n  "
-        + "\n  ".join(differences) + "\nPass a new --workdir.")
+        + "\n  ".join(differences)
+        + (f"\nTo resume it as it was saved, add: {as_saved}" if as_saved else "")
+        + "\nOr pass a new --workdir.")
 
 
 def _run(config, workdir: str, problem, mesh) -> dict:
