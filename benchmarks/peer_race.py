@@ -347,16 +347,16 @@ def worker_main(args) -> int:
 
 # =================================================================== Parent ==
 
-def ours_config(dtype: str):
+def ours_config(dtype: str, **model_overrides):
   """Our resolved pretraining config and ModelConfig at the race's settings:
   `train_throughput.build_config` (the real config, mlm/small) with the model
-  matched to RoBERTa and the optimizer to the peers'."""
+  matched to RoBERTa and the optimizer to the peers'; `model_overrides` (config.model
+  keys) on top, for benchmarks/step_overheads.py."""
   sys.path.insert(0, str(REPO / "benchmarks"))
   import train_throughput as tt  # noqa: E402
   from maelm_jax.model import ModelConfig
   from maelm_jax.tokenizer import MASK_ID
-  config = tt.build_config(
-      "mlm", "small", SEQ_LEN, BATCH, dtype,
+  model = dict(
       num_layers=LAYERS, hidden=HIDDEN, num_heads=HEADS, mlp=MLP,
       max_positions=SEQ_LEN, ln_type="post", relative_position_bias=False,
       dropout=DROPOUT, attention_dropout=DROPOUT, activation_dropout=0.0,
@@ -364,6 +364,8 @@ def ours_config(dtype: str):
       zero_init_residual=False, mask_ratio=MASK_RATIO,
       random_replace_prob=RANDOM_PROB, keep_prob=KEEP_PROB,
       attention_impl="auto", scan_layers=False, remat_policy="none")
+  config = tt.build_config("mlm", "small", SEQ_LEN, BATCH, dtype,
+                           **{**model, **model_overrides})
   config.learning_rate, config.weight_decay = LR, WEIGHT_DECAY
   config.adam_b1, config.adam_b2, config.adam_eps = B1, B2, EPS
   config.warmup_steps, config.total_steps = WARMUP_STEPS, TOTAL_STEPS
