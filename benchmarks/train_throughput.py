@@ -10,7 +10,8 @@ table into `benchmarks/RESULTS.md` between `<!-- throughput:start -->` and
   python benchmarks/train_throughput.py --dry_run            # smoke test, ~30 s
 
 On a GPU or TPU, the same script (bf16, the fused attention against the einsum,
-scanned layers, a profile of the first step of the last cell):
+scanned layers, and a profile of 3 steps of each objective of the last cell, whose
+most expensive op kinds it prints and writes beside the table, `maelm_jax.profiling`):
 
   python benchmarks/train_throughput.py --sizes=small,base --seq_lens=128,512 \
       --objectives=mlm,maelm,3ml-cross --dtype=bfloat16 --attention_impls=xla,auto \
@@ -56,7 +57,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pretrain  # noqa: E402  (configs/pretrain.py)
-from maelm_jax import config_lib, flops, sharding, train_lib  # noqa: E402
+from maelm_jax import config_lib, flops, profiling, sharding, train_lib  # noqa: E402
 from maelm_jax.model import SIZES, ModelConfig  # noqa: E402
 from maelm_jax.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, SEP_ID  # noqa: E402
 
@@ -324,7 +325,9 @@ def measure_cell(args, dtype, size, seq_len, mesh, attention_impl="auto",
                           f"{r.objective}")
       with jax.profiler.trace(path):
         r.run(3)
-      print(f"  profile of 3 {r.objective} steps: {path}", flush=True)
+      r.profile = (path, profiling.format_summary(path, top=3))
+      print(f"  profile of 3 {r.objective} steps: {path}\n  {r.profile[1]}",
+            flush=True)
   rows = []
   for r in runners:
     tps = [r.tokens_per_step * args.steps / w for w in r.windows]
@@ -342,7 +345,7 @@ def measure_cell(args, dtype, size, seq_len, mesh, attention_impl="auto",
         attention_backend=r.model_cfg.attention_backend(
             r.model_cfg.attention_dropout > 0, r.counts.encoder_len,
             r.counts.encoder_len),
-        others_cores=others))
+        others_cores=others, profile=getattr(r, "profile", None)))
   mlm = next((row for row in rows if row["objective"] == "mlm"), None)
   for row in rows:
     row["gflops_per_s"] = row["model_flops"] / row["step_s"] / 1e9
@@ -463,6 +466,11 @@ def format_section(args, info, tables, started, total_s, load_before, load_after
       out += ["", "CPU used by other processes while this table was timed "
               f"(cores of {info['cores']}): " +
               ", ".join(f"{cell} {cores:.2f}" for cell, cores in loads) + "."]
+  profiles = [r["profile"] for _, rows in tables for r in rows if r.get("profile")]
+  if profiles:
+    out += ["", "Where the time of 3 profiled steps went (device; host on CPU; `python -m "
+            "maelm_jax.profiling DIR`: XLA ops' exclusive time, grouped by kind):", ""]
+    out += [f"- `{path}`: " + summary.replace("\n", ";") for path, summary in profiles]
   out.append(END)
   return "\n".join(out) + "\n"
 

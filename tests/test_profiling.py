@@ -1,0 +1,65 @@
+"""profiling: XLA op time from a real jax.profiler trace, nested ops counted once."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from maelm_jax import profiling
+
+
+def test_exclusive_times_charge_a_parent_only_for_its_own_time():
+  # A `while` from 0 to 10 s enclosing two ops (1-4 s, 5-9 s), then a copy.
+  events = [(0.0, 10.0, "while.5", ""), (1.0, 4.0, "fusion.1", ""),
+            (5.0, 9.0, "dot.2", ""), (10.0, 10.5, "copy.3", "")]
+  times = {op: s for op, _, s in profiling._exclusive_times(events)}
+  assert times == pytest.approx({"while.5": 3.0, "fusion.1": 3.0, "dot.2": 4.0,
+                                 "copy.3": 0.5})
+
+
+def test_kinds_and_base_names():
+  assert profiling.base_name("%loop_fusion.12") == "loop_fusion"
+  assert profiling.base_name("dot.3.1") == "dot"
+  assert profiling.kind_of("custom-call.4", "cudnn_fmha_fwd").startswith("attention")
+  assert profiling.kind_of("custom-call.2", "sm90_xmma_gemm_bf16").startswith("matmul")
+  assert profiling.kind_of("all-reduce.1").startswith("collective")
+  assert profiling.kind_of("loop_fusion.7").startswith("elementwise")
+  assert profiling.kind_of("while.5") == "while"
+
+
+def test_summary_of_a_real_trace_finds_the_matmuls_inside_scan(tmp_path):
+  """A scan of 3 large matmuls + tanh: the matmuls dominate, the enclosing `while`
+  is charged almost nothing, and op time does not exceed the traced wall time."""
+  w = jnp.full((384, 384), 1e-3)
+
+  @jax.jit
+  def f(x):
+    def body(c, _):
+      return jnp.tanh(c @ w), None
+    return jax.lax.scan(body, x, None, length=3)[0].sum()
+
+  x = jnp.ones((384, 384))
+  f(x).block_until_ready()
+  start = time.perf_counter()
+  with jax.profiler.trace(str(tmp_path)):
+    for _ in range(3):
+      f(x).block_until_ready()
+  wall = time.perf_counter() - start
+
+  events = profiling.op_events(str(tmp_path))
+  total = sum(s for _, _, s in events)
+  assert 0 < total <= wall
+  kinds = profiling.summarize(events, "kind")
+  assert kinds[0].name.startswith("matmul"), kinds
+  assert kinds[0].share > 0.5
+  ops = {o.name: o for o in profiling.summarize(events, "op")}
+  if "while" in ops:  # XLA:CPU runs the scan as a while thunk around its body
+    assert ops["while"].share < 0.1
+  text = profiling.format_summary(str(tmp_path), top=2)
+  assert "matmul (dot / gemm)" in text and "op time" in text
+
+
+def test_a_directory_without_a_trace_says_how_to_record_one(tmp_path):
+  with pytest.raises(FileNotFoundError, match="jax.profiler.trace"):
+    profiling.op_events(str(tmp_path))
