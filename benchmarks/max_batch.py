@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
 import sys
 import time
@@ -32,7 +31,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import compile_time  # noqa: E402
@@ -65,13 +63,8 @@ def largest_fitting(fits, multiple: int, max_batch: int) -> int:
 
 def step_bytes(cfg, config, seq_len: int, batch: int) -> int:
   """Device bytes of the compiled train step at this batch (see the docstring)."""
-  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  tx = train_lib.make_optimizer(config)
-  abstract, shardings = train_lib.abstract_sharded_state(cfg, seq_len, tx, mesh)
-  step, _ = train_lib.jit_steps(cfg, seq_len, tx, mesh, shardings)
-  ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32,
-                             sharding=sharding.batch_sharding(mesh))
-  memory = step.lower(abstract, {"input_ids": ids}).compile().memory_analysis()
+  lowered, _ = compile_time.lower_abstract_step(cfg, config, seq_len, batch)
+  memory = lowered.compile().memory_analysis()
   if memory is None:
     raise SystemExit(f"{jax.devices()[0].platform} does not report compiled memory "
                      "(memory_analysis() is None); nothing to search on")
