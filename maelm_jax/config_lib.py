@@ -125,6 +125,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
          f"model.attention_impl='cudnn' runs bfloat16 without attention dropout (got "
          f"dtype={m.dtype!r}, attention_dropout={m.attention_dropout}): set those, or "
          "use attention_impl='auto', which falls back to 'xla' where cuDNN does not apply")
+  if impl == "tpu_flash":
+    need(m.attention_dropout == 0,
+         f"model.attention_impl='tpu_flash' runs without attention dropout (got "
+         f"attention_dropout={m.attention_dropout}): set it to 0, or use "
+         "attention_impl='auto', which falls back to 'xla' where the kernel does not apply")
   policy = m.get("remat_policy", "none")
   need(policy in model_lib.REMAT_POLICIES,
        f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")

@@ -6,6 +6,7 @@ piece on any mesh.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from maelm_jax import masking, sharding
+from maelm_jax import model as model_lib
 from maelm_jax.model import MaskedLM, ModelConfig, masked_lm_loss
 
 EVAL_SEED_OFFSET = 7919  # Eval masks come from their own stream, fixed for the run.
@@ -248,17 +250,27 @@ def make_eval_step(model_cfg: ModelConfig, seq_len: int):
   return eval_step
 
 
+def with_kernel_mesh(step_fn, mesh):
+  """`step_fn` traced under `model.kernel_mesh(mesh)`, so that attention kernels
+  (opaque to XLA's partitioner) run per shard of `mesh`."""
+  @functools.wraps(step_fn)
+  def traced_with_mesh(*args):
+    with model_lib.kernel_mesh(mesh):
+      return step_fn(*args)
+  return traced_with_mesh
+
+
 def jit_steps(model_cfg, seq_len, tx, mesh, state_shardings, grad_accum_steps=1):
   """jit-compiled train and eval steps with explicit shardings; state donated."""
   batch_shardings = {"input_ids": sharding.batch_sharding(mesh)}
   replicated = sharding.replicated(mesh)
   train_step = jax.jit(
-      make_train_step(model_cfg, seq_len, tx, grad_accum_steps),
+      with_kernel_mesh(make_train_step(model_cfg, seq_len, tx, grad_accum_steps), mesh),
       in_shardings=(state_shardings, batch_shardings),
       out_shardings=(state_shardings, replicated),
       donate_argnums=0)
   eval_step = jax.jit(
-      make_eval_step(model_cfg, seq_len),
+      with_kernel_mesh(make_eval_step(model_cfg, seq_len), mesh),
       in_shardings=(state_shardings.params, batch_shardings, replicated, replicated),
       out_shardings=replicated)
   return train_step, eval_step

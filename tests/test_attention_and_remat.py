@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from maelm_jax import config_lib, masking, model as model_lib
 from tests.helpers import random_ids, tiny_config
@@ -106,10 +107,113 @@ def test_attention_impl_resolves_by_platform_dtype_and_dropout():
     assert "a CUDA GPU (this is cpu)" in message
 
 
+KERNEL_OVERRIDES = {"model.ln_type": "pre", "model.dropout": 0.0,
+                    "model.attention_dropout": 0.0, "model.relative_bias_init": "local",
+                    "model.decoder_relative_position_bias": True}
+
+
+def count_tpu_kernel_calls(monkeypatch):
+  """Let `auto` take the Pallas TPU kernel off a TPU (the caller runs it under
+  `pltpu.force_tpu_interpret_mode()`), counting its calls."""
+  monkeypatch.setattr(model_lib, "TPU_FLASH_OFF_TPU", True)
+  original, calls = model_lib.tpu_flash_attention, []
+
+  def counted(q, k, v, bias):
+    calls.append((q.shape[1], k.shape[1]))
+    return original(q, k, v, bias)
+
+  monkeypatch.setattr(model_lib, "tpu_flash_attention", counted)
+  return calls
+
+
+@pytest.mark.parametrize("objective", ["mlm", "3ml"])
+def test_tpu_flash_kernel_matches_the_einsum_with_bias_gradients(monkeypatch,
+                                                                 objective):
+  """The real Pallas TPU flash-attention kernel (interpreted on CPU): where
+  `auto` picks it (layers whose lengths are multiples of 128: MLM's encoder, the
+  3ML self-attention decoder over all 128 slots), loss and every gradient, the
+  relative-bias tables' included, equal the einsum path's."""
+  cfg = build(objective, **KERNEL_OVERRIDES)
+  ids = random_ids(2, 128, VOCAB, num_pad=9)  # Padding exercises the mask bias.
+  reference_loss, reference_grads = loss_and_grads(
+      model_lib.dataclasses.replace(cfg, attention_impl="xla"), ids)
+  calls = count_tpu_kernel_calls(monkeypatch)
+  with pltpu.force_tpu_interpret_mode():
+    loss, grads = loss_and_grads(
+        model_lib.dataclasses.replace(cfg, attention_impl="auto"), ids)
+  assert calls and set(calls) == {(128, 128)}
+  np.testing.assert_allclose(float(loss), float(reference_loss), rtol=1e-5)
+  assert_trees_close(grads, reference_grads, tol=1e-5)
+  part = "encoder" if objective == "mlm" else "decoder"
+  table = grads[part]["relative_bias"]["table"]
+  assert float(jnp.abs(table).max()) > 1e-4  # The bias gradient is really there.
+
+
+def test_tpu_flash_kernel_runs_per_shard_in_the_sharded_train_step(monkeypatch):
+  """On a (data 2, fsdp 2, tensor 2) mesh the kernel runs under shard_map, each
+  device on its rows and heads, and one train step equals the einsum's. The
+  kernel itself is replaced by the Pallas module's own pure-jnp reference of the
+  same semantics (`mha_reference`: bias added before the scale), since Pallas' TPU
+  interpreter does not run under 8 fake devices; the test above runs the kernel."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_kernel  # pylint: disable=g-import-not-at-top
+  from maelm_jax import sharding, train_lib  # pylint: disable=g-import-not-at-top
+  shard_shapes = []
+
+  def reference_kernel(q, k, v, ab=None, *, sm_scale, block_sizes):
+    del block_sizes
+    shard_shapes.append(q.shape)
+    return tpu_kernel.mha_reference(q, k, v, ab, sm_scale=sm_scale)
+
+  monkeypatch.setattr(tpu_kernel, "flash_attention", reference_kernel)
+  config = tiny_config("mlm", **KERNEL_OVERRIDES, seq_len=128)
+  mesh = sharding.make_mesh((2, 2, 2), jax.devices()[:8])
+  tx = train_lib.make_optimizer(config)
+  ids = random_ids(8, 128, VOCAB, num_pad=9)
+  results = {}
+  for impl in ("xla", "auto"):
+    cfg = model_lib.dataclasses.replace(
+        model_lib.ModelConfig.from_config(config.model, vocab_size=VOCAB, mask_id=4),
+        attention_impl=impl)
+    calls = count_tpu_kernel_calls(monkeypatch) if impl == "auto" else []
+    state, shardings = train_lib.create_sharded_state(cfg, 128, tx, mesh, seed=0)
+    step, _ = train_lib.jit_steps(cfg, 128, tx, mesh, shardings)
+    batch = {"input_ids": jax.device_put(ids, sharding.batch_sharding(mesh))}
+    state, metrics = step(state, batch)
+    results[impl] = (float(metrics["loss"]), jax.device_get(state.params))
+    assert bool(calls) == (impl == "auto")
+  # The step's calls are per shard: 8 rows / (data 2 x fsdp 2), 2 heads / tensor 2,
+  # [B, H, L, d]; no call sees the global batch (init traces one row, unsharded).
+  assert (2, 1, 128, cfg.head_dim) in shard_shapes
+  assert all(shape[0] < 8 for shape in shard_shapes), shard_shapes
+  np.testing.assert_allclose(results["auto"][0], results["xla"][0], rtol=1e-5)
+  assert_trees_close(results["auto"][1], results["xla"][1], tol=1e-5)
+
+
+def test_tpu_flash_resolution_and_its_unmet_conditions(monkeypatch):
+  cfg = build("maelm", **{"model.attention_dropout": 0.0})
+  auto = model_lib.dataclasses.replace(cfg, attention_impl="auto")
+  forced = model_lib.dataclasses.replace(cfg, attention_impl="tpu_flash")
+  if jax.default_backend() != "tpu":
+    with pytest.raises(ValueError) as error:
+      forced.attention_backend(True, 128, 109)
+    message = str(error.value)
+    assert f"a TPU (this is {jax.default_backend()})" in message
+    assert "no attention dropout" in message
+    assert "multiples of 128 (queries 128, keys 109)" in message
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert auto.attention_backend(False, 128, 128) == "tpu_flash"
+  assert auto.attention_backend(False, 512, 512) == "tpu_flash"
+  assert auto.attention_backend(False, 109, 109) == "xla"  # MAE-LM's encoder.
+  assert auto.attention_backend(True, 128, 128) == "xla"  # Attention dropout.
+  assert forced.attention_backend(False, 256, 256) == "tpu_flash"
+
+
 @pytest.mark.parametrize("overrides,expected", [
     ({"model.attention_impl": "flash"}, "model.attention_impl='flash' must be one of"),
     ({"model.attention_impl": "cudnn", "model.attention_dropout": 0.1},
      "set those, or use attention_impl='auto'"),
+    ({"model.attention_impl": "tpu_flash", "model.attention_dropout": 0.1},
+     "set it to 0, or use attention_impl='auto'"),
     ({"model.remat_policy": "everything"}, "model.remat_policy='everything' must be one"),
     ({"model.remat": True, "model.remat_policy": "dots_saveable"},
      "set only model.remat_policy"),

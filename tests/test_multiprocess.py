@@ -202,6 +202,18 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
                                      "vs uninterrupted 1-process run")
 
 
+def traceback_blocks(log: str) -> list[str]:
+  """Each `Traceback (most recent call last):` in `log` with its indented frames."""
+  blocks, lines = [], log.splitlines()
+  for i, line in enumerate(lines):
+    if line.startswith("Traceback"):
+      end = i + 1
+      while end < len(lines) and lines[end].startswith(" "):
+        end += 1
+      blocks.append("\n".join(lines[i:end + 1]))
+  return blocks
+
+
 def test_hosts_agree_on_the_step_they_restore(tmp_path):
   """Two real processes, each seeing a different unreadable checkpoint (see
   tests/restore_agreement_worker.py): both restore the same, older step."""
@@ -235,4 +247,9 @@ def test_hosts_agree_on_the_step_they_restore(tmp_path):
       in runs[0].output()
   assert "checkpoint at step 2 cannot be restored (" in runs[0].output()
   assert "checkpoint at step 3 cannot be restored (OSError: injected" in runs[1].output()
-  assert "Traceback" not in log
+  # No traceback through our code. Orbax itself may print "Exception ignored in
+  # <coroutine _read_array_index_and_device_put>" for the sibling shard reads it
+  # abandons when one read fails (its event loop already closed): library noise
+  # after the failure we report, timing-dependent, and not ours to raise.
+  for block in traceback_blocks(log):
+    assert "maelm_jax" not in block and "restore_agreement_worker" not in block, block

@@ -435,10 +435,12 @@ def make_steps(problem, model_cfg, tx, mesh, state_shardings):
 
   rows = sharding.batch_sharding(mesh)
   batch_shardings = {key: rows for key in problem.train}
-  train_step = jax.jit(train_step, in_shardings=(state_shardings, batch_shardings),
+  train_step = jax.jit(train_lib.with_kernel_mesh(train_step, mesh),
+                       in_shardings=(state_shardings, batch_shardings),
                        out_shardings=(state_shardings, sharding.replicated(mesh)),
                        donate_argnums=0)
-  predict_step = jax.jit(predict_step, in_shardings=(state_shardings.params, rows),
+  predict_step = jax.jit(train_lib.with_kernel_mesh(predict_step, mesh),
+                         in_shardings=(state_shardings.params, rows),
                          out_shardings=sharding.replicated(mesh))
   return train_step, predict_step
 
