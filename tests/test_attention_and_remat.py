@@ -19,13 +19,15 @@ def build(objective, **overrides):
   return model_lib.ModelConfig.from_config(config.model, vocab_size=VOCAB, mask_id=4)
 
 
-def loss_fn_and_params(cfg, ids, seed=1):
-  """The summed masked-LM loss as a function of the params, and fresh params."""
+def loss_fn_and_params(cfg, ids, seed=1, params=None):
+  """The summed masked-LM loss as a function of the params, and fresh params
+  (or `params`, when given: no init is run)."""
   masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids),
                              cfg.mask_counts(ids.shape[1]), mask_id=4,
                              vocab_size=VOCAB)
   model = model_lib.MaskedLM(cfg)
-  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), masks)["params"])
+  if params is None:
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), masks)["params"])
 
   def loss_fn(p):
     logits = model.apply({"params": p}, masks)
@@ -135,12 +137,16 @@ def test_tpu_flash_kernel_matches_the_einsum_with_bias_gradients(monkeypatch,
   relative-bias tables' included, equal the einsum path's."""
   cfg = build(objective, **KERNEL_OVERRIDES)
   ids = random_ids(2, 128, VOCAB, num_pad=9)  # Padding exercises the mask bias.
-  reference_loss, reference_grads = loss_and_grads(
+  reference_fn, params = loss_fn_and_params(
       model_lib.dataclasses.replace(cfg, attention_impl="xla"), ids)
+  reference_loss, reference_grads = jax.jit(jax.value_and_grad(reference_fn))(params)
   calls = count_tpu_kernel_calls(monkeypatch)
+  # The same params (init is eager, and the interpreter can stall on eager
+  # kernels); only the one jitted loss-and-gradient program runs interpreted.
+  kernel_fn, _ = loss_fn_and_params(
+      model_lib.dataclasses.replace(cfg, attention_impl="auto"), ids, params=params)
   with pltpu.force_tpu_interpret_mode():
-    loss, grads = loss_and_grads(
-        model_lib.dataclasses.replace(cfg, attention_impl="auto"), ids)
+    loss, grads = jax.jit(jax.value_and_grad(kernel_fn))(params)
   assert calls and set(calls) == {(128, 128)}
   np.testing.assert_allclose(float(loss), float(reference_loss), rtol=1e-5)
   assert_trees_close(grads, reference_grads, tol=1e-5)
