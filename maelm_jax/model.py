@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax import masking
+from maelm_jax import masking, sharding
 
 SIZES = {
     # name: (layers, hidden, heads, mlp, default decoder layers)
@@ -382,7 +382,6 @@ def tpu_flash_attention(q, k, v, bias):
 
   mesh = _KERNEL_MESH.get()
   if mesh is not None and mesh.size > 1:
-    from maelm_jax import sharding  # pylint: disable=g-import-not-at-top
     dp, tp = sharding.data_parallel_size(mesh), mesh.shape["tensor"]
     if b % dp == 0 and h % tp == 0:
       spec = jax.sharding.PartitionSpec(sharding.BATCH_AXES, "tensor")
