@@ -46,6 +46,10 @@ def get_config(arg=None):
   config.warmup_ratio = 0.06
   config.end_learning_rate_ratio = 0.0
   config.weight_decay = 0.01
+  # Layer-wise learning-rate decay (ELECTRA, DeBERTa): each encoder layer learns
+  # at this times the rate of the one above, the embeddings lowest, the head at
+  # the full rate. 1.0: off (RoBERTa, MAE-LM). See train_lib.scale_by_layer_decay.
+  config.layer_decay = 1.0
   config.adam_b1 = 0.9
   config.adam_b2 = 0.98
   config.adam_eps = 1e-6

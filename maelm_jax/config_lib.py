@@ -224,6 +224,7 @@ ADDED_KEYS = {
     # The FFN's inner dropout was `dropout` before it had its own key.
     "model.activation_dropout": SameAs("model.dropout"),
     "activation_dropout": SameAs("dropout"),
+    "layer_decay": 1.0,  # Fine-tuning's layer-wise learning-rate decay: off.
 }
 
 

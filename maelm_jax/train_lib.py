@@ -13,6 +13,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from maelm_jax import masking, sharding
@@ -52,12 +53,79 @@ def weight_decay_mask(params):
       lambda path, _: path[-1].key not in ("bias", "scale"), params)
 
 
+def _dict_keys(path) -> tuple[str, ...]:
+  return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
+def encoder_depths(tree) -> tuple[Any, int]:
+  """Each leaf's depth in the encoder, for layer-wise learning-rate decay.
+
+  Depth 0: what feeds the first layer (token and position embeddings, the
+  relative-position table every layer reads, an input LayerNorm); depth i + 1:
+  encoder layer i; depth L + 1: everything above the encoder (its final
+  LayerNorm, a task head, a pretraining decoder). A stacked leaf of scanned
+  layers (`encoder/layers`, leading axis L) gets an int array [L, 1, ...]. Paths
+  are read by name, so this fits the fine-tuning models (`backbone/encoder`) and
+  MaskedLM alike. Returns (depths, L).
+  """
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  num_layers = 0
+  for path, leaf in leaves:
+    keys = _dict_keys(path)
+    if "encoder" not in keys:
+      continue
+    below = keys[keys.index("encoder") + 1:]
+    if below and below[0].startswith("layer_") and below[0][6:].isdigit():
+      num_layers = max(num_layers, int(below[0][6:]) + 1)
+    elif below and below[0] == "layers":
+      num_layers = max(num_layers, leaf.shape[0])
+
+  def depth(path, leaf):
+    keys = _dict_keys(path)
+    if "encoder" not in keys:
+      # Embeddings live beside the encoder module; the rest sits above it.
+      return 0 if keys and keys[-2:-1] == ("token_embed",) else num_layers + 1
+    below = keys[keys.index("encoder") + 1:]
+    if below[0].startswith("layer_") and below[0][6:].isdigit():
+      return int(below[0][6:]) + 1
+    if below[0] == "layers":
+      shape = (leaf.shape[0],) + (1,) * (leaf.ndim - 1)
+      return (np.arange(leaf.shape[0]) + 1).reshape(shape)
+    return num_layers + 1 if below[0] == "final_ln" else 0
+
+  return jax.tree_util.tree_map_with_path(depth, tree), num_layers
+
+
+def scale_by_layer_decay(decay: float) -> optax.GradientTransformation:
+  """Layer-wise learning-rate decay (ELECTRA, BEiT, DeBERTa fine-tuning).
+
+  Multiplies each update by decay ** (L + 1 - depth) (`encoder_depths`): the
+  task head and final LayerNorm at the full rate, each layer below at `decay`
+  times the one above, the embeddings lowest. Placed after AdamW's weight decay,
+  it scales the decay term too, as a per-layer learning rate does. With few
+  labels this keeps what pretraining put in the lower layers (the word
+  embeddings above all) from being overwritten by the first task gradients.
+  """
+
+  def update(updates, state, params=None):
+    del params
+    depths, num_layers = encoder_depths(updates)
+    updates = jax.tree.map(
+        lambda u, d: u * jnp.asarray(decay ** (num_layers + 1 - np.asarray(d)),
+                                     u.dtype), updates, depths)
+    return updates, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(config) -> optax.GradientTransformation:
+  layer_decay = config.get("layer_decay", 1.0)
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip_norm),
       optax.adamw(learning_rate_schedule(config), b1=config.adam_b1,
                   b2=config.adam_b2, eps=config.adam_eps,
                   weight_decay=config.weight_decay, mask=weight_decay_mask),
+      *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
   )
 
 

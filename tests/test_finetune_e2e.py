@@ -501,6 +501,8 @@ def fake_pretraining_workdir(path, max_positions=64):
     ({"task": "sst3"}, ValueError, "unknown GLUE task 'sst3'"),
     ({"warmup_ratio": 1.5}, ValueError, "warmup_ratio=1.5 must be in"),
     ({"data.source": "csv"}, ValueError, "data.source='csv': use 'tsv'"),
+    ({"layer_decay": 0.0}, ValueError, r"layer_decay=0.0 must be in \(0, 1\]"),
+    ({"layer_decay": 1.5}, ValueError, r"layer_decay=1.5 must be in \(0, 1\]"),
 ])
 def test_glue_config_errors_come_before_compilation(tmp_path, no_compile, overrides,
                                                     error, message):

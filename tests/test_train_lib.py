@@ -88,6 +88,85 @@ def test_weight_decay_skips_biases_and_layer_norm():
   assert flat["['lm_head']['bias']"] is False
 
 
+def _classifier_params(num_layers, scan_layers):
+  from maelm_jax.finetune import heads  # pylint: disable=g-import-not-at-top
+  cfg = model_lib.ModelConfig(vocab_size=50, hidden=16, num_layers=num_layers,
+                              num_heads=2, mlp=32, scan_layers=scan_layers,
+                              ln_type="pre")
+  model = heads.SequenceClassifier(cfg, 2, pooling="mean")
+  return nn.meta.unbox(model.init(jax.random.PRNGKey(0),
+                                  jnp.ones((2, 8), jnp.int32))["params"])
+
+
+def _by_name(tree):
+  return {jax.tree_util.keystr(p): np.asarray(v)
+          for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_encoder_depths_put_embeddings_at_0_layers_at_i_plus_1_head_on_top():
+  depths, num_layers = train_lib.encoder_depths(_classifier_params(3, False))
+  assert num_layers == 3
+  flat = _by_name(depths)
+  assert flat["['backbone']['token_embed']['embedding']"] == 0
+  assert flat["['backbone']['encoder']['position_embed']['embedding']"] == 0
+  assert flat["['backbone']['encoder']['relative_bias']['table']"] == 0
+  assert flat["['backbone']['encoder']['layer_0']['mlp']['wi']['kernel']"] == 1
+  assert flat["['backbone']['encoder']['layer_2']['self_attn_ln']['scale']"] == 3
+  assert flat["['backbone']['encoder']['final_ln']['scale']"] == 4
+  assert flat["['head']['out']['kernel']"] == 4
+  # Scanned layers: one stacked leaf, a depth per layer along its leading axis.
+  depths, num_layers = train_lib.encoder_depths(_classifier_params(3, True))
+  flat = _by_name(depths)
+  assert num_layers == 3
+  np.testing.assert_array_equal(
+      flat["['backbone']['encoder']['layers']['mlp']['wi']['kernel']"].ravel(),
+      [1, 2, 3])
+  assert flat["['backbone']['token_embed']['embedding']"] == 0
+  assert flat["['head']['dense']['bias']"] == 4
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_layer_decay_scales_each_update_by_decay_to_the_distance_from_the_top(
+    scan_layers):
+  params = _classifier_params(2, scan_layers)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
+  updates = {}
+  for decay in (1.0, 0.5):
+    config = tiny_config(learning_rate=1e-2, warmup_steps=0, total_steps=10,
+                         weight_decay=0.0)
+    config.unlock()
+    config.layer_decay = decay
+    tx = train_lib.make_optimizer(config)
+    updates[decay] = _by_name(tx.update(grads, tx.init(params), params)[0])
+  full, decayed = updates[1.0], updates[0.5]
+  assert abs(full["['head']['out']['kernel']"]).min() > 0
+  # L = 2: head x1, layer 1 (depth 2) x0.5, layer 0 x0.25, embeddings x0.125.
+  expected = {"['head']['out']['kernel']": 1.0,
+              "['backbone']['token_embed']['embedding']": 0.125}
+  if scan_layers:
+    expected["['backbone']['encoder']['layers']['mlp']['wi']['kernel']"] = (
+        np.array([0.25, 0.5]).reshape(2, 1, 1))
+  else:
+    expected["['backbone']['encoder']['layer_0']['mlp']['wi']['kernel']"] = 0.25
+    expected["['backbone']['encoder']['layer_1']['mlp']['wi']['kernel']"] = 0.5
+  for name, factor in expected.items():
+    np.testing.assert_allclose(decayed[name], full[name] * factor, rtol=1e-6)
+
+
+def test_finetuning_runs_from_before_layer_decay_resume_as_they_ran():
+  import pathlib, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
+  import glue  # pylint: disable=g-import-not-at-top
+  now = glue.get_config("task=sst2").to_dict()
+  saved = dict(now)
+  del saved["layer_decay"]  # A config.json written before the knob: no decay.
+  assert config_lib.config_differences(saved, now) == []
+  decayed = {**now, "layer_decay": 0.8}
+  assert config_lib.config_differences(saved, decayed) == ["layer_decay: 1.0 -> 0.8"]
+  assert config_lib.resume_flags(saved, decayed) == ["--config.layer_decay=1.0"]
+
+
 @pytest.mark.parametrize("objective,decoder", [("maelm", "self"), ("3ml", "cross"),
                                                ("mlm", "none")])
 def test_flop_model_matches_xla_cost_analysis(objective, decoder):

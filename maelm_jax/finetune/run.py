@@ -296,6 +296,9 @@ def validate(config) -> None:
        f"eval_batch_size={config.eval_batch_size} must be >= 1")
   need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
+  need(0.0 < config.get("layer_decay", 1.0) <= 1.0,
+       f"layer_decay={config.get('layer_decay')} must be in (0, 1]; 1.0 turns it "
+       "off, 0.5-0.9 is usual")
   need(0.0 <= config.warmup_ratio < 1.0,
        f"warmup_ratio={config.warmup_ratio} must be in [0, 1), e.g. 0.06")
   need(0.0 <= config.dropout < 1.0 and 0.0 <= config.attention_dropout < 1.0,
@@ -539,7 +542,8 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       warmup_steps=round(config.warmup_ratio * total_steps),
       end_learning_rate_ratio=config.end_learning_rate_ratio,
       weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
-      adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps))
+      adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps,
+      layer_decay=config.get("layer_decay", 1.0)))
 
   # ------------------------------------------- Model, optimizer, sharded state --
   tx = train_lib.make_optimizer(optimizer_config)
