@@ -3,13 +3,24 @@ vector and on the mean of the token vectors, trained on the first `--train`
 sentences of SST-2 train, scored on all of dev. Tells whether pretrained
 representations carry more of the task than random ones, without fine-tuning.
 Also prints the geometry of the input embeddings (mean pairwise cosine of
-frequent and of rare pieces), where tied output embeddings show collapse.
+frequent and of rare pieces), where tied output embeddings show collapse, and
+probes the word vectors alone: the average of a sentence's input embeddings (and
+of the LM head's own output embeddings when untied).
+
+`--corpus_baseline=GLOB` adds what the pretraining text itself offers word
+vectors: 128-dimensional PPMI-SVD vectors (Levy & Goldberg 2014: positive PMI of
+pieces within 5 of each other, weighted 1/distance, context counts smoothed ^0.75,
+truncated SVD) counted on those files with the first workdir's tokenizer, next to
+random vectors of the same size.
 
   python benchmarks/linear_probe.py /tmp/helps/pretrain_maelm /tmp/helps/random_init_maelm
+  python benchmarks/linear_probe.py W --corpus_baseline='../shared/data/corpus/gutenberg/*.txt.xz'
 """
 
 import argparse
 import csv
+import glob
+import lzma
 import pathlib
 import sys
 
@@ -73,14 +84,76 @@ def embedding_cosines(pretrained, samples: int = 300) -> tuple[float, float]:
   return out[0], out[1]
 
 
+def word_vector_accuracy(table, tokenizer, train, dev) -> float:
+  """Ridge probe on the average of each sentence's piece vectors (rows of
+  `table`): what the word vectors alone say about the task."""
+  table = np.asarray(table, np.float64)
+
+  def average(texts):
+    return np.stack([table[ids].mean(0) if ids else np.zeros(table.shape[1])
+                     for ids in tokenizer.encode(texts)])
+
+  return ridge_accuracy(average(train[0]), train[1], average(dev[0]), dev[1])
+
+
+def ppmi_svd_vectors(ids_per_document, vocab_size: int, dim: int = 128,
+                     window: int = 5) -> np.ndarray:
+  """Word vectors from co-occurrence counts (Levy & Goldberg 2014): symmetric
+  counts within `window` pieces, weighted 1/distance; positive PMI with context
+  counts raised to 0.75; rows of U sqrt(S) of the truncated SVD."""
+  counts = np.zeros((vocab_size, vocab_size))
+  for ids in ids_per_document:
+    ids = np.asarray(ids, np.int64)
+    for d in range(1, window + 1):
+      np.add.at(counts, (ids[:-d], ids[d:]), 1.0 / d)
+      np.add.at(counts, (ids[d:], ids[:-d]), 1.0 / d)
+  rows = counts.sum(1)
+  context = rows ** 0.75
+  expected = np.outer(rows, context / context.sum())
+  with np.errstate(divide="ignore", invalid="ignore"):
+    pmi = np.log(counts / np.where(expected > 0, expected, 1.0))
+  ppmi = np.where(np.isfinite(pmi) & (pmi > 0), pmi, 0.0)
+  u, sv, _ = np.linalg.svd(ppmi, full_matrices=False)
+  return u[:, :dim] * np.sqrt(sv[:dim])
+
+
+def corpus_documents(pattern: str, tokenizer):
+  for path in sorted(glob.glob(pattern)):
+    opener = lzma.open if path.endswith(".xz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+      paragraphs = [p for p in f.read().split("\n\n") if p.strip()]
+    yield [i for ids in tokenizer.encode(paragraphs) for i in ids]
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("workdirs", nargs="+")
   p.add_argument("--train", type=int, default=6000)
+  p.add_argument("--corpus_baseline", default="",
+                 help="glob of the pretraining text: add PPMI-SVD word vectors")
   args = p.parse_args()
   train_x, train_y = read(SST2 / "train.tsv", args.train)
   dev_x, dev_y = read(SST2 / "dev.tsv", None)
+  if args.corpus_baseline:
+    tokenizer = checkpoints.load_pretrained(args.workdirs[0],
+                                            read_params=False).tokenizer
+    vectors = ppmi_svd_vectors(corpus_documents(args.corpus_baseline, tokenizer),
+                               tokenizer.vocab_size)
+    random_vectors = np.random.default_rng(0).normal(size=vectors.shape)
+    for name, table in (("PPMI-SVD of the corpus", vectors),
+                        ("random", random_vectors)):
+      print(f"{name} word vectors ({table.shape[1]} dims): SST-2 dev accuracy "
+            f"{word_vector_accuracy(table, tokenizer, (train_x, train_y), (dev_x, dev_y)):.3f}",
+            flush=True)
   for workdir in args.workdirs:
+    full = checkpoints.load_pretrained(workdir, scan_layers=False, encoder_only=False)
+    tables = {"input embeddings": full.params["token_embed"]["embedding"]}
+    if "embedding" in full.params.get("lm_head", {}):
+      tables["output embeddings (untied LM head)"] = full.params["lm_head"]["embedding"]
+    for name, table in tables.items():
+      print(f"{workdir} {name}, sentence average: SST-2 dev accuracy "
+            f"{word_vector_accuracy(table, full.tokenizer, (train_x, train_y), (dev_x, dev_y)):.3f}",
+            flush=True)
     pretrained = checkpoints.load_pretrained(workdir, scan_layers=False)
     frequent, rare = embedding_cosines(pretrained)
     print(f"{workdir}: input embeddings, mean pairwise cosine: frequent pieces "
