@@ -7,11 +7,13 @@ frequent and of rare pieces), where tied output embeddings show collapse, and
 probes the word vectors alone: the average of a sentence's input embeddings (and
 of the LM head's own output embeddings when untied).
 
-`--corpus_baseline=GLOB` adds what the pretraining text itself offers word
-vectors: 128-dimensional PPMI-SVD vectors (Levy & Goldberg 2014: positive PMI of
-pieces within 5 of each other, weighted 1/distance, context counts smoothed ^0.75,
-truncated SVD) counted on those files with the first workdir's tokenizer, next to
-random vectors of the same size.
+`--corpus_baseline=GLOB` adds a bag-of-pieces ridge classifier on the same
+training sentences (what fine-tuning can learn with no pretrained knowledge at
+all), and what the pretraining text itself offers word vectors: 128-dimensional
+PPMI-SVD vectors (Levy & Goldberg 2014: positive PMI of pieces within 5 of each
+other, weighted 1/distance, context counts smoothed ^0.75, truncated SVD) counted
+on those files with the first workdir's tokenizer, next to random vectors of the
+same size.
 
   python benchmarks/linear_probe.py /tmp/helps/pretrain_maelm /tmp/helps/random_init_maelm
   python benchmarks/linear_probe.py W --corpus_baseline='../shared/data/corpus/gutenberg/*.txt.xz'
@@ -139,6 +141,15 @@ def main():
                                             read_params=False).tokenizer
     vectors = ppmi_svd_vectors(corpus_documents(args.corpus_baseline, tokenizer),
                                tokenizer.vocab_size)
+    bag = lambda texts: np.stack([np.bincount(ids, minlength=tokenizer.vocab_size) > 0
+                                  for ids in tokenizer.encode(texts)]).astype(np.float64)
+    # The fine-tuning baseline of no representation at all: a linear model on
+    # which pieces a sentence has (no standardising: ridge on raw indicators).
+    a, b = np.c_[bag(train_x), np.ones(len(train_x))], np.c_[bag(dev_x), np.ones(len(dev_x))]
+    w = np.linalg.solve(a.T @ a + 10.0 * np.eye(a.shape[1]), a.T @ (2.0 * train_y - 1))
+    print(f"bag of pieces ({tokenizer.vocab_size} indicators, ridge, {len(train_x)} "
+          f"training sentences): SST-2 dev accuracy {((b @ w > 0) == dev_y).mean():.3f}",
+          flush=True)
     random_vectors = np.random.default_rng(0).normal(size=vectors.shape)
     for name, table in (("PPMI-SVD of the corpus", vectors),
                         ("random", random_vectors)):
