@@ -239,8 +239,11 @@ def format_section(s: dict) -> str:
   for task, entry in s["tasks"].items():
     p, r = entry["pretrained"], entry["random_init"]
     fmt = lambda xs: ", ".join(f"{100 * x:.1f}" for x in xs)
-    lines.append(f"| {task} ({metric[task]}) | **{100 * p['median']:.1f}** | "
-                 f"{100 * r['median']:.1f} | {100 * (p['median'] - r['median']):+.1f} | "
+    # The better median in bold (both on a tie).
+    bold = lambda x, other: f"**{100 * x:.1f}**" if x >= other else f"{100 * x:.1f}"
+    lines.append(f"| {task} ({metric[task]}) | {bold(p['median'], r['median'])} | "
+                 f"{bold(r['median'], p['median'])} | "
+                 f"{100 * (p['median'] - r['median']):+.1f} | "
                  f"{fmt(p['seeds'])} | {fmt(r['seeds'])} |")
   lines += ["", END]
   return "\n".join(lines)
