@@ -21,6 +21,7 @@ same size.
 
 import argparse
 import csv
+import dataclasses
 import glob
 import lzma
 import pathlib
@@ -165,7 +166,9 @@ def main():
       print(f"{workdir} {name}, sentence average: SST-2 dev accuracy "
             f"{word_vector_accuracy(table, full.tokenizer, (train_x, train_y), (dev_x, dev_y)):.3f}",
             flush=True)
-    pretrained = checkpoints.load_pretrained(workdir, scan_layers=False)
+    # The encoder's own collections, from the params already read.
+    pretrained = dataclasses.replace(full, params={
+        c: full.params[c] for c in model_lib.ENCODER_COLLECTIONS})
     frequent, rare = embedding_cosines(pretrained)
     print(f"{workdir}: input embeddings, mean pairwise cosine: frequent pieces "
           f"{frequent:.3f}, rare pieces {rare:.3f}", flush=True)
