@@ -102,9 +102,9 @@ def scale_by_layer_decay(decay: float) -> optax.GradientTransformation:
   Multiplies each update by decay ** (L + 1 - depth) (`encoder_depths`): the
   task head and final LayerNorm at the full rate, each layer below at `decay`
   times the one above, the embeddings lowest. Placed after AdamW's weight decay,
-  it scales the decay term too, as a per-layer learning rate does. With few
-  labels this keeps what pretraining put in the lower layers (the word
-  embeddings above all) from being overwritten by the first task gradients.
+  it scales the decay term too, as a per-layer learning rate does. It is meant
+  to keep what pretraining put in the lower layers; at `tiny` on SST-2 and QNLI
+  it did not help (benchmarks/RESULTS.md, "Why SST-2 does not gain here").
   """
 
   def update(updates, state, params=None):
