@@ -2,6 +2,7 @@ r"""Training FLOPs per step of MAE-LM and 3ML relative to MLM, by the FLOP model
 
   python benchmarks/flop_ratios.py                       # sizes tiny..large, L=128
   python benchmarks/flop_ratios.py --seq_len=512 --decoder_layers=2
+  python benchmarks/flop_ratios.py --sizes=tiny --num_layers=2,4,8,12   # deeper tiny
 
 Each objective at its config's defaults (`configs/pretrain.py`: mask ratio,
 decoder depth per size) and `maelm_jax.flops.train_flops_per_step`: matmuls, 3x
@@ -20,8 +21,9 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 import compile_time  # noqa: E402
 from maelm_jax import flops  # noqa: E402
 
-OBJECTIVES = {"mlm": ("mlm", {}), "maelm": ("maelm", {}), "3ml (self)": ("3ml", {}),
-              "3ml (cross)": ("3ml", {"decoder_type": "cross"})}
+OBJECTIVES = {"mlm": ("mlm", {}), "maelm": ("maelm", {}),
+              "maelm (cross)": ("maelm", {"decoder_type": "cross"}),
+              "3ml (self)": ("3ml", {}), "3ml (cross)": ("3ml", {"decoder_type": "cross"})}
 
 
 def ratios(size: str, seq_len: int, vocab: int, **knobs) -> dict[str, float]:
@@ -41,14 +43,23 @@ def main(argv=None):
   p.add_argument("--vocab", type=int, default=8000)
   p.add_argument("--decoder_layers", type=int, default=None,
                  help="override every size's decoder depth")
+  p.add_argument("--num_layers", default="",
+                 help="comma-separated encoder depths to tabulate each size at "
+                 "(default: the size's own), e.g. 2,8: where the encoder is deep "
+                 "enough for the tokens it skips to pay for the decoder")
   args = p.parse_args(argv)
   knobs = {} if args.decoder_layers is None else {"decoder_layers": args.decoder_layers}
+  depths = [int(d) for d in args.num_layers.split(",")] if args.num_layers else [None]
   print(f"| size (L={args.seq_len}, vocab {args.vocab}) | " + " | ".join(OBJECTIVES)
         + " |")
   print("|---|" + "--:|" * len(OBJECTIVES))
   for size in args.sizes.split(","):
-    r = ratios(size, args.seq_len, args.vocab, **knobs)
-    print(f"| {size} | " + " | ".join(f"{r[name]:.2f}x" for name in OBJECTIVES) + " |")
+    for depth in depths:
+      extra = {} if depth is None else {"num_layers": depth}
+      r = ratios(size, args.seq_len, args.vocab, **knobs, **extra)
+      label = size if depth is None else f"{size}, {depth} layers"
+      print(f"| {label} | " + " | ".join(f"{r[name]:.2f}x" for name in OBJECTIVES)
+            + " |")
 
 
 if __name__ == "__main__":

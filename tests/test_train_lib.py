@@ -201,6 +201,24 @@ def test_encoder_flops_shrink_with_masking():
   assert flops.train_flops_per_step(mlm, 512, 2) == 3 * 2 * sum(f_mlm.values())
 
 
+def test_skipping_tokens_pays_for_the_decoder_only_in_a_deep_encoder():
+  # tiny's width and head over 8000 pieces, a 1-layer decoder: at 2 layers 3ML's
+  # step (head over half the tokens + decoder) costs more than MLM's, from ~6
+  # layers the encoder positions it skips pay for them (benchmarks/flop_ratios.py).
+  def ratio(objective, layers, **extra):
+    shape = dict(vocab_size=8000, num_layers=layers, hidden=128, num_heads=2, mlp=512)
+    mlm = model_lib.ModelConfig(**shape, **model_lib.OBJECTIVES["mlm"], decoder_layers=0)
+    other = model_lib.ModelConfig(
+        **shape, **{**model_lib.OBJECTIVES[objective], **extra}, decoder_layers=1)
+    return (flops.train_flops_per_step(other, 128, 1)
+            / flops.train_flops_per_step(mlm, 128, 1))
+
+  three_ml = [ratio("3ml", n, decoder_type="cross") for n in (2, 4, 8, 12)]
+  assert three_ml == sorted(three_ml, reverse=True)
+  assert three_ml[0] > 1.4 and three_ml[2] < 0.9
+  # MAE-LM's self-attention decoder runs over every position: it breaks even near 8.
+  assert ratio("maelm", 2) > 1.2 and 0.95 < ratio("maelm", 8) < 1.0
+
 def periodic_ids(batch, seq_len, vocab_size, period, seed):
   """`[CLS] a b c a b c ... [SEP]`: a random pattern per row, repeated. A masked
   token is the token `period` positions away, so context predicts it exactly,
