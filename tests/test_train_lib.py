@@ -219,6 +219,7 @@ def test_skipping_tokens_pays_for_the_decoder_only_in_a_deep_encoder():
   # MAE-LM's self-attention decoder runs over every position: it breaks even near 8.
   assert ratio("maelm", 2) > 1.2 and 0.95 < ratio("maelm", 8) < 1.0
 
+
 def periodic_ids(batch, seq_len, vocab_size, period, seed):
   """`[CLS] a b c a b c ... [SEP]`: a random pattern per row, repeated. A masked
   token is the token `period` positions away, so context predicts it exactly,
