@@ -71,7 +71,8 @@ def train_flops_per_step(workdir: pathlib.Path) -> float:
   return flops.train_flops_per_step(cfg, config.seq_len, config.batch_size)
 
 
-def plot(results: str, names: list[str], path: str) -> None:
+def plot(results: str, names: list[str], path: str,
+         title: str = "tiny, 31 books, batch 32 x 128") -> None:
   """[MASK] accuracy against step and against training FLOPs, one line per probe."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -100,7 +101,7 @@ def plot(results: str, names: list[str], path: str) -> None:
     ax.set(xlabel=xlabel, ylabel="held-out [MASK] accuracy (%)")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
-  fig.suptitle("tiny, 31 books, batch 32 x 128 (benchmarks/plateau_probe.py)")
+  fig.suptitle(f"{title} (benchmarks/plateau_probe.py)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   print("wrote", path)
@@ -167,9 +168,11 @@ def main():
                  help="only draw the probes --names from --out into this PNG and "
                  "print their table")
   p.add_argument("--names", default="")
+  p.add_argument("--title", default="tiny, 31 books, batch 32 x 128",
+                 help="the plot's title, e.g. to name a --set the probes share")
   args = p.parse_args()
   if args.plot:
-    plot(args.out, args.names.split(","), args.plot)
+    plot(args.out, args.names.split(","), args.plot, args.title)
     print(table(args.out, args.names.split(",")))
     return
   config = pretrain.get_config(args.config_arg)
