@@ -71,6 +71,13 @@ def train_flops_per_step(workdir: pathlib.Path) -> float:
   return flops.train_flops_per_step(cfg, config.seq_len, config.batch_size)
 
 
+def flops_per_step_of(name: str, rows) -> float:
+  """Training FLOPs per step of probe `name`: as recorded in its results, else from
+  its workdir (results written before the figure was recorded)."""
+  recorded = rows[-1].get("train_flops_per_step")
+  return recorded if recorded else train_flops_per_step(pathlib.Path(f"/tmp/probe_{name}"))
+
+
 def plot(results: str, names: list[str], path: str,
          title: str = "tiny, 31 books, batch 32 x 128") -> None:
   """[MASK] accuracy against step and against training FLOPs, one line per probe."""
@@ -85,7 +92,7 @@ def plot(results: str, names: list[str], path: str,
     if not rows:
       print(f"no records of {name} in {results}")
       continue
-    per_step = train_flops_per_step(pathlib.Path(f"/tmp/probe_{name}"))
+    per_step = flops_per_step_of(name, rows)
     steps = [r["step"] for r in rows]
     accuracy = [100 * r["eval/mask_accuracy"] for r in rows]
     style = "--" if "paper" in name or "normal" in name or "nodec" in name else "-"
@@ -135,7 +142,7 @@ def table(results: str, names: list[str]) -> str:
     rows = sorted((r for r in records if r["name"] == name), key=lambda r: r["step"])
     if not rows:
       continue
-    per_step = train_flops_per_step(pathlib.Path(f"/tmp/probe_{name}"))
+    per_step = flops_per_step_of(name, rows)
     left = next((r["step"] for r in rows if r["eval/mask_accuracy"] >=
                  baselines.ACCURACY_MARGIN * r["eval/unigram_accuracy"]), None)
     above = next((r["step"] for r in rows
@@ -192,11 +199,13 @@ def main():
   shutil.rmtree(workdir, ignore_errors=True)
   start = time.time()
   train.train_and_evaluate(config, str(workdir))
+  # Recorded with the results, so the table and plot need no workdir in /tmp.
+  per_step = train_flops_per_step(workdir)
   with open(args.out, "a") as out:
     for line in open(workdir / "metrics.jsonl"):
       record = json.loads(line)
       if "eval/mask_loss" in record:
-        record.update(name=args.name, overrides=args.set,
+        record.update(name=args.name, overrides=args.set, train_flops_per_step=per_step,
                       wall_min=round((time.time() - start) / 60, 1))
         out.write(json.dumps(record) + "\n")
         print(args.name, record["step"], *(round(record.get(k, -1), 4) for k in (
