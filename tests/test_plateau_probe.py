@@ -31,7 +31,7 @@ def test_table_reads_the_recorded_flops_without_the_probes_workdir(tmp_path):
   # with its results is enough for the table.
   name = "probe_whose_workdir_is_gone"
   assert not pathlib.Path(f"/tmp/probe_{name}").exists()
-  rows = [_row(100, 0.06), _row(200, 0.09), _row(300, 0.17)]
+  rows = [_row(100, 0.06), _row(200, 0.09), _row(300, 0.18)]
   results = tmp_path / "probes.jsonl"
   results.write_text("".join(
       json.dumps(dict(r, name=name, train_flops_per_step=5e10)) + "\n" for r in rows))
@@ -40,4 +40,6 @@ def test_table_reads_the_recorded_flops_without_the_probes_workdir(tmp_path):
   # GFLOP/step; left at the 200 evaluation (1.5x); interpolated 1.25x at step 150
   # = 7.5 TFLOP; above bigram (16%) at step 300 = 15 TFLOP.
   assert cells[:5] == [name, "50.0", "200 (10.00)", "150 (7.50)", "300 (15.00)"]
-  assert cells[5] == "17.0% / 6.00 (step 300)"
+  assert cells[5] == "18.0% / 6.00 (step 300)"
+  # Twice unigram: ratio 1.5 at step 200 and 3.0 at 300, so 2.0 a third of the way.
+  assert cells[8] == "233 (11.67)"
