@@ -10,7 +10,19 @@ cross-attention decoder) at equal pretraining compute, plus 3ML at 78% of it.
 Arguments: size (tiny), recipe (fast), tflops (each run's pretraining budget in
 TFLOPs: total_flops, so each objective's step count follows from its own cost
 per step, flops.py), seeds (pretraining seeds, e.g. "0+1"), frac_3ml (0.78: 3ML
-also at that fraction of the budget, as in the 3ML paper; 0 for none).
+also at that fraction of the budget, as in the 3ML paper; 0 for none),
+objectives ("+"-separated names of OBJECTIVES below; default
+mlm+maelm+3ml+3mlx), random (1: also the untrained control, `random_seed<s>`:
+the same architecture after one step at learning rate 0, fine-tuned by the same
+protocol, so the table says whether pretraining helped at all).
+
+At 8 encoder layers of tiny's width, where skipping tokens pays (RESULTS.md,
+"Deeper encoder"), each objective at the rate measured best there:
+
+  python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=60,seeds=0,\
+objectives=mlm+maelmx+3mlx,frac_3ml=0,random=1 --out=/tmp/compare8 --glue_dir=/data/glue \
+      --config.data.source='text:/data/books/*.txt' --config.model.num_layers=8 \
+      --config.learning_rate=1e-3 --config.model.tie_embeddings=False
 
 `get_finetune` is the downstream protocol `maelm_jax.compare` applies to every
 pretrained encoder (configs/glue.py with these overrides; measured in
@@ -28,9 +40,11 @@ pretrain = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pretrain)
 
 # name: the keys that make the objective (the rest is the objective's default).
+DEFAULT_OBJECTIVES = "mlm+maelm+3ml+3mlx"
 OBJECTIVES = {
     "mlm": {"model.objective": "mlm"},
     "maelm": {"model.objective": "maelm"},
+    "maelmx": {"model.objective": "maelm", "model.decoder_type": "cross"},
     "3ml": {"model.objective": "3ml", "model.decoder_type": "self"},
     "3mlx": {"model.objective": "3ml", "model.decoder_type": "cross"},
 }
@@ -38,7 +52,8 @@ OBJECTIVES = {
 
 def _arg(arg):
   return config_lib.parse_arg(arg, size="tiny", recipe="fast", tflops=20.0,
-                              seeds="0+1", frac_3ml=0.78)
+                              seeds="0+1", frac_3ml=0.78,
+                              objectives=DEFAULT_OBJECTIVES, random=False)
 
 
 def get_config(arg=None):
@@ -66,8 +81,21 @@ def get_config(arg=None):
 def get_sweep(arg=None):
   a = _arg(arg)
   seeds = [int(s) for s in a.seeds.split("+")]
-  runs = [{"name": f"{name}_seed{seed}", "seed": seed, **keys}
-          for name, keys in OBJECTIVES.items() for seed in seeds]
+  names = a.objectives.split("+")
+  unknown = [n for n in names if n not in OBJECTIVES]
+  if unknown or not names:
+    raise ValueError(f"configs/compare.py: objectives={a.objectives!r}: unknown "
+                     f"{unknown}; use '+'-separated names of {sorted(OBJECTIVES)}, "
+                     f"e.g. objectives=mlm+maelmx")
+  runs = [{"name": f"{name}_seed{seed}", "seed": seed, **OBJECTIVES[name]}
+          for name in names for seed in seeds]
+  if a.random:
+    # One step whose learning rate is 0 (a one-step warm-up starts at 0; the
+    # config refuses learning_rate=0): the checkpoint holds the seed's initial
+    # weights, in the workdir layout fine-tuning reads.
+    runs += [{"name": f"random_seed{seed}", "seed": seed, "model.objective": "mlm",
+              "total_flops": 0.0, "total_steps": 1, "warmup_ratio": 0.0,
+              "warmup_steps": 1} for seed in seeds]
   if a.frac_3ml:
     runs += [{"name": f"3ml_{round(100 * a.frac_3ml)}pct_seed{seed}", "seed": seed,
               "total_flops": a.frac_3ml * a.tflops * 1e12, **OBJECTIVES["3ml"]}

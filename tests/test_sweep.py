@@ -169,3 +169,38 @@ def test_the_same_text_files_spelt_from_another_directory_are_the_same_run(
       "'text:../data/*.jsonl,../more/*.gz'"]
   assert config_lib.config_differences({"data": {"source": "pydoc:"}},
                                        {"data": {"source": "pydoc:"}}) == []
+
+
+def test_compare_config_picks_objectives_and_its_untrained_control_is_the_init(tmp_path):
+  """configs/compare.py `objectives=` and `random=1`: the control's checkpoint
+  holds exactly the seed's initial weights (one step at learning rate 0)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from maelm_jax import checkpoints, sharding, tokenizer as tokenizer_lib, train, train_lib  # pylint: disable=g-import-not-at-top
+  config_file = str(REPO / "configs" / "compare.py")
+  toy = {"data.source": "pydoc:", "data.eval_fraction": 0.05, "tokenizer.vocab_size": 600,
+         "batch_size": 8, "seq_len": 64, "eval_batches": 1, "baseline_tokens": 20_000}
+  runs = sweep.expand(config_file + ":objectives=mlm+maelmx,random=1,frac_3ml=0,seeds=3",
+                      {**toy, "model.num_layers": 3})
+  assert [r["name"] for r in runs] == ["mlm_seed3", "maelmx_seed3", "random_seed3"]
+  maelmx, control = runs[1]["config"], runs[2]["config"]
+  assert (maelmx.model.objective, maelmx.model.decoder_type) == ("maelm", "cross")
+  assert maelmx.total_steps > 1 and control.total_steps == 1 and control.seed == 3
+  assert all(r["config"].model.num_layers == 3 for r in runs)  # Overrides reach all.
+  assert float(train_lib.learning_rate_schedule(control)(0)) == 0.0
+  with pytest.raises(ValueError, match=r"objectives='mlm\+bert'.*unknown \['bert'\]"):
+    sweep.expand(config_file + ":objectives=mlm+bert", toy)
+
+  workdir = tmp_path / "random_seed3"
+  train.train_and_evaluate(control, str(workdir))
+  saved, step = checkpoints.restore_params(str(workdir))
+  assert step == 1
+  tokenizer = tokenizer_lib.Tokenizer(workdir / tokenizer_lib.TOKENIZER_FILENAME)
+  model_cfg = model_lib.ModelConfig.from_config(control.model, tokenizer.vocab_size,
+                                                tokenizer.mask_id)
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  init, _ = train_lib.create_sharded_state(model_cfg, control.seq_len,
+                                           train_lib.make_optimizer(control), mesh, 3)
+  leaves = jax.tree.leaves(jax.tree.map(
+      lambda a, b: np.array_equal(np.asarray(a), b), init.params, saved))
+  assert leaves and all(leaves)
