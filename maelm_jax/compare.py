@@ -39,6 +39,8 @@ from ml_collections import config_flags
 from maelm_jax import analyze, config_lib, errors, sweep
 from maelm_jax.finetune import sweep as finetune_sweep
 
+# The group of configs/compare.py's `random=1` runs: the untrained control.
+UNTRAINED_GROUP = "random"
 GLUE_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "glue.py")
 TASK_DIRS = {"sst2": "SST-2", "cola": "CoLA", "qnli": "QNLI"}
 
@@ -205,6 +207,13 @@ def plot(summary: dict, tasks, path: str) -> None:
   for color, name in enumerate(names):
     points = sorted((g for g in summary["groups"] if g["group"] == name),
                     key=lambda g: g["flops"])
+    if name == UNTRAINED_GROUP:  # The bar pretraining has to clear: a level line.
+      for ax, panel in zip(axes[0], panels):
+        value = (points[0]["mask_accuracy"] if panel == "mask_accuracy"
+                 else points[0]["downstream"].get(panel))
+        if value is not None:
+          ax.axhline(100 * value, color=f"C{color}", ls="--", label="untrained")
+      continue
     for ax, panel in zip(axes[0], panels):
       xs = [g["flops"] / 1e12 for g in points]
       if panel == "mask_accuracy":

@@ -204,3 +204,23 @@ def test_compare_config_picks_objectives_and_its_untrained_control_is_the_init(t
   leaves = jax.tree.leaves(jax.tree.map(
       lambda a, b: np.array_equal(np.asarray(a), b), init.params, saved))
   assert leaves and all(leaves)
+
+
+def test_comparison_figure_draws_the_untrained_control_as_a_level_line(tmp_path, monkeypatch):
+  from matplotlib import axes as axes_lib  # pylint: disable=g-import-not-at-top
+  group = lambda name, tflops, sst2, acc: {
+      "group": name, "flops": tflops * 1e12, "pretraining_seeds": 1, "mask_accuracy": acc,
+      "downstream": {"sst2": sst2}, "downstream_spread": {"sst2": [sst2, sst2]},
+      "rank_real_last": 40.0}
+  summary = {"runs": [], "groups": [group("mlm", 10, 0.76, 0.17), group("mlm", 20, 0.78, 0.2),
+                                    group(compare.UNTRAINED_GROUP, 0.05, 0.74, 0.001)]}
+  levels = []
+  original = axes_lib.Axes.axhline
+  monkeypatch.setattr(axes_lib.Axes, "axhline", lambda self, y=0, *a, **k: (
+      levels.append((self.get_title(), round(y, 6), k.get("label"))),
+      original(self, y, *a, **k))[1])
+  compare.plot(summary, ["sst2"], str(tmp_path / "c.png"))
+  assert sorted(levels) == [("", 0.1, "untrained"), ("", 74.0, "untrained")]
+  assert (tmp_path / "c.png").stat().st_size > 10_000
+  assert "| random | 0.1 | 1 | 0.1 | 74.0 (74.0-74.0) | 40.0 |" in compare.format_markdown(
+      summary, ["sst2"])
