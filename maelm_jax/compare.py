@@ -224,8 +224,11 @@ def plot(summary: dict, tasks, path: str) -> None:
         high = [100 * g["downstream_spread"][panel][1] for g in points]
         ax.vlines(xs, low, high, color=f"C{color}", alpha=0.5)
       ax.plot(xs, ys, "o-", color=f"C{color}", label=name)
+  # From 0, the untrained control's compute: with one budget the axis would
+  # otherwise zoom into the runs' rounding (79.99-80.01 TFLOPs).
+  right = 1.05 * max(g["flops"] for g in summary["groups"]) / 1e12
   for ax, panel in zip(axes[0], panels):
-    ax.set(xlabel="pretraining TFLOPs", title=panel.replace("_", " "))
+    ax.set(xlabel="pretraining TFLOPs", title=panel.replace("_", " "), xlim=(0, right))
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=8)
   fig.tight_layout()

@@ -219,8 +219,11 @@ def test_comparison_figure_draws_the_untrained_control_as_a_level_line(tmp_path,
   monkeypatch.setattr(axes_lib.Axes, "axhline", lambda self, y=0, *a, **k: (
       levels.append((self.get_title(), round(y, 6), k.get("label"))),
       original(self, y, *a, **k))[1])
+  xlims = []
+  monkeypatch.setattr(axes_lib.Axes, "set_xlim", lambda self, *a, **k: xlims.append(a))
   compare.plot(summary, ["sst2"], str(tmp_path / "c.png"))
   assert sorted(levels) == [("", 0.1, "untrained"), ("", 74.0, "untrained")]
+  assert xlims.count(((0, 21.0),)) == 2  # Each panel: no compute to the largest budget.
   assert (tmp_path / "c.png").stat().st_size > 10_000
   assert "| random | 0.1 | 1 | 0.1 | 74.0 (74.0-74.0) | 40.0 |" in compare.format_markdown(
       summary, ["sst2"])
