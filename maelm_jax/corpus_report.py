@@ -15,6 +15,8 @@ import hashlib
 
 import numpy as np
 
+from maelm_jax import sources
+
 # Documents and lines shorter than this are too generic ("Note:", "CHAPTER I.",
 # "* * *") to count as duplicated text.
 MIN_LINE_CHARS = 32
@@ -45,7 +47,7 @@ def report(source, tokenizer, max_documents: int = 20_000) -> dict:
       key = _key(text)
       duplicate_docs += key in seen_docs
       seen_docs.add(key)
-    for line in text.splitlines():
+    for line in sources.text_lines(text):
       if len(line.strip()) < MIN_LINE_CHARS:
         continue
       lines += 1

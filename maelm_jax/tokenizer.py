@@ -22,7 +22,6 @@ only trains one when there is none yet.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-
 import os
 import re
 import time
@@ -32,6 +31,8 @@ from absl import logging
 import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
+
+from maelm_jax import sources
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 NUM_SPECIAL = len(SPECIAL_TOKENS)
@@ -171,7 +172,7 @@ def _training_lines(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
   for text in texts:
     if not isinstance(text, str):
       raise TypeError(f"tokenizer training texts must be str, got {type(text)}")
-    for line in text.splitlines():
+    for line in sources.text_lines(text):
       for sentence in _SENTENCE_END.split(line.strip()):
         if not sentence:
           continue

@@ -158,6 +158,32 @@ def test_jsonl(tmp_path):
       "alpha one line two", "gamma", "epsilon", "beta", "delta"]
 
 
+def test_unicode_line_separators_inside_records(tmp_path):
+  # JSON Lines separates records by "\n" only. Real reviews carry U+0085 (a
+  # mis-decoded ellipsis) and articles U+2028/U+2029 inside their strings;
+  # str.splitlines() broke the records there ("a.jsonl:1 is not valid JSON").
+  separators = "\x85\u2028\u2029\x0b\x0c\x1c\x1d\x1e"
+  rows = [{"text": f"one{c}two"} for c in separators] + [{"text": "last"}]
+  for name, opener in [("a.jsonl", open), ("b.jsonl.xz", lzma.open)]:
+    with opener(tmp_path / name, "wt", encoding="utf-8") as f:
+      for row in rows:  # ensure_ascii=False: the raw characters, as in the files.
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    train, held_out = _both_splits(f"text:{tmp_path}/{name}", eval_fraction=0.5)
+    documents = sorted(_all(train) + _all(held_out))
+    assert documents == sorted(["one two"] * len(separators) + ["last"])
+  # Plain text: the characters stay inside their paragraph (as whitespace).
+  (tmp_path / "c.txt").write_text("alpha\x85beta\u2028gamma\n\ndelta\n",
+                                  encoding="utf-8")
+  train, held_out = _both_splits(f"text:{tmp_path}/c.txt", eval_fraction=0.5)
+  assert sorted(_all(train) + _all(held_out)) == ["alpha beta gamma", "delta"]
+
+
+def test_text_lines_splits_at_newline_only():
+  assert sources.text_lines("a\x85b\r\nc\u2028d\n\ne\n") == [
+      "a\x85b", "c\u2028d", "", "e"]
+  assert sources.text_lines("") == [] and sources.text_lines("x") == ["x"]
+
+
 def test_jsonl_custom_text_field(tmp_path):
   (tmp_path / "a.jsonl").write_text('{"body": "x y"}\n{"body": "z"}\n')
   train = sources.open_source(f"text:{tmp_path}/a.jsonl", "train",
