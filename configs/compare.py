@@ -12,7 +12,9 @@ TFLOPs: total_flops, so each objective's step count follows from its own cost
 per step, flops.py), seeds (pretraining seeds, e.g. "0+1"), frac_3ml (0.78: 3ML
 also at that fraction of the budget, as in the 3ML paper; 0 for none),
 objectives ("+"-separated names of OBJECTIVES below; default
-mlm+maelm+3ml+3mlx), random (1: also the untrained control, `random_seed<s>`:
+mlm+maelm+3ml+3mlx), ft_lrs ("+"-separated fine-tuning learning rates each
+encoder picks its own from on a split of the training data; default
+3e-4+1e-3+3e-3), random (1: also the untrained control, `random_seed<s>`:
 the same architecture after one step at learning rate 0, fine-tuned by the same
 protocol, so the table says whether pretraining helped at all).
 
@@ -41,6 +43,9 @@ pretrain = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pretrain)
 
 DEFAULT_OBJECTIVES = "mlm+maelm+3ml+3mlx"
+# Each encoder's fine-tuning rate is picked from these on a split of the
+# training data (maelm_jax.compare); one rate: no selection.
+DEFAULT_FINETUNE_LEARNING_RATES = "3e-4+1e-3+3e-3"
 # name: the keys that make the objective (the rest is the objective's default).
 OBJECTIVES = {
     "mlm": {"model.objective": "mlm"},
@@ -54,7 +59,8 @@ OBJECTIVES = {
 def _arg(arg):
   return config_lib.parse_arg(arg, size="tiny", recipe="fast", tflops=20.0,
                               seeds="0+1", frac_3ml=0.78,
-                              objectives=DEFAULT_OBJECTIVES, random=False)
+                              objectives=DEFAULT_OBJECTIVES, random=False,
+                              ft_lrs=DEFAULT_FINETUNE_LEARNING_RATES)
 
 
 def get_config(arg=None):
@@ -106,12 +112,16 @@ def get_sweep(arg=None):
 
 def get_finetune(arg=None):
   """Fine-tuning of every pretrained encoder: common overrides, per-task ones,
-  and the fine-tuning seeds (the median over them is reported)."""
-  del arg
-  common = {"pooling": "mean", "learning_rate": 1e-3, "dtype": "float32",
-            "batch_size": 32, "log_every": 100}
+  the learning rates each encoder picks its own from (on a split of the task's
+  training data, one run per rate at `select_seeds`), and the fine-tuning
+  seeds (the median over them is reported)."""
+  a = _arg(arg)
+  learning_rates = tuple(float(r) for r in str(a.ft_lrs).split("+"))
+  common = {"pooling": "mean", "learning_rate": learning_rates[0],
+            "dtype": "float32", "batch_size": 32, "log_every": 100}
   tasks = {"sst2": {"num_epochs": 2, "max_seq_len": 64,
                     "data.max_train_examples": 8000},
            "qnli": {"num_epochs": 3, "max_seq_len": 128},
            "cola": {"num_epochs": 2, "max_seq_len": 48}}
-  return {"common": common, "tasks": tasks, "seeds": (1, 2, 3)}
+  return {"common": common, "tasks": tasks, "seeds": (1, 2, 3),
+          "learning_rates": learning_rates, "select_seeds": (1,)}

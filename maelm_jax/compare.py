@@ -16,11 +16,21 @@ is on disk was made with this config):
      `<out>/finetune/<run>`; QNLI trains on a fixed half of its dev set and is
      scored on the other half (`<out>/glue/QNLI`), SST-2 and CoLA use their own
      train and dev sets; the last epoch of each run is scored;
+     With more than one learning rate in the protocol (`learning_rates`), each
+     encoder first picks its own: one run per rate and `select_seeds` seed on a
+     split carved out of the task's *training* file (`<out>/glue_select`: a
+     fixed fifth, at most 1000 rows, scores; the rest trains), never on the
+     scored data; its fine-tuning seeds then run at the rate that scored best;
   4. effective rank of every encoder (`maelm_jax.analyze`) into `<out>/rank`;
-  5. `<out>/comparison.json`, `comparison.md` (one row per run, one per
-     objective: the mean over pretraining seeds of the fine-tuning medians) and
-     `comparison.png` (downstream score against pretraining FLOPs, one line per
-     objective).
+  5. with --blimp_dir, BLiMP (`maelm_jax.blimp`) of every encoder into
+     `<out>/blimp/<run>`, and with --blimp_curve_pairs, a smaller BLiMP of every
+     kept checkpoint, for `curves.png` (BLiMP and held-out [MASK] accuracy
+     against pretraining FLOPs);
+  6. `<out>/comparison.json`, `comparison.md` (one row per run, one per
+     objective: the mean over pretraining seeds of the fine-tuning medians,
+     with the range of the fine-tuning seeds) and `comparison.png` (downstream
+     score against pretraining FLOPs, one line per objective, each median with
+     its seed range).
 """
 
 from __future__ import annotations
@@ -36,8 +46,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import analyze, config_lib, errors, sweep
-from maelm_jax.finetune import sweep as finetune_sweep
+from maelm_jax import analyze, blimp, checkpoints, config_lib, errors, sweep
+from maelm_jax.finetune import glue_data, sweep as finetune_sweep
 
 # The group of configs/compare.py's `random=1` runs: the untrained control.
 UNTRAINED_GROUP = "random"
@@ -86,6 +96,41 @@ def glue_root(glue_dir: str, out: str, tasks) -> str:
   return root
 
 
+def carve_selection_split(train_tsv: str, out_dir: str, *, header: bool,
+                          seed: int = 0, fraction: float = 0.2,
+                          max_rows: int = 1000) -> None:
+  """A task's training file as the learning-rate selection's train.tsv and
+  dev.tsv: a fixed random `fraction` (at most `max_rows`) scores, the rest
+  trains. The scored data of the comparison is never read."""
+  with open(train_tsv, newline="") as f:
+    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  head, body = (rows[:1], rows[1:]) if header else ([], rows)
+  order = list(range(len(body)))
+  random.Random(seed).shuffle(order)
+  held = min(max_rows, max(1, round(fraction * len(body))))
+  if len(body) - held < 2:
+    raise ValueError(f"{train_tsv} has {len(body)} rows, too few to carve a "
+                     "learning-rate selection split from; give one learning rate")
+  os.makedirs(out_dir, exist_ok=True)
+  for name, indices in (("dev.tsv", order[:held]), ("train.tsv", order[held:])):
+    with open(os.path.join(out_dir, name), "w", newline="") as f:
+      writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None,
+                          escapechar=None, lineterminator="\n")
+      writer.writerows(head + [body[i] for i in sorted(indices)])
+
+
+def selection_root(data_dir: str, out: str, tasks) -> str:
+  """`<out>/glue_select`: each task's selection split (`carve_selection_split`)."""
+  root = os.path.join(out, "glue_select")
+  for task in tasks:
+    target = os.path.join(root, TASK_DIRS[task])
+    if not os.path.isfile(os.path.join(target, "dev.tsv")):
+      carve_selection_split(
+          os.path.join(data_dir, TASK_DIRS[task], "train.tsv"), target,
+          header=glue_data.get_task(task).headerless_layout is None)
+  return root
+
+
 def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
   """Trains the runs' tokenizer once (the first run's settings and data)."""
   from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
@@ -126,13 +171,18 @@ def group_of(name: str) -> str:
   return stem.split("_", 1)[0] if stem.endswith("pct") else stem
 
 
-def summarize(runs, finetune_reports: dict, ranks: dict) -> dict:
+def summarize(runs, finetune_reports: dict, ranks: dict, blimp_means=None) -> dict:
+  blimp_means = blimp_means or {}
   rows = []
   for run in runs:
     config, name = run["config"], run["name"]
     ev = _last_eval(run["workdir"])
     report = finetune_reports.get(name, {"tasks": {}})
     scores = {task: entry["median"][entry["main_metric"]]
+              for task, entry in report["tasks"].items()}
+    # The fine-tuning seeds' lowest and highest score (reports made before
+    # seed ranges were kept: the median alone).
+    ranges = {task: entry.get("seed_range", [scores[task]] * 2)
               for task, entry in report["tasks"].items()}
     rank = ranks.get(run["workdir"], {}).get("rank", {})
     rows.append({
@@ -144,7 +194,10 @@ def summarize(runs, finetune_reports: dict, ranks: dict) -> dict:
         "mask_loss": ev.get("eval/mask_loss"),
         "unigram_accuracy": ev.get("eval/unigram_accuracy"),
         "bigram_accuracy": ev.get("eval/bigram_accuracy"),
-        "downstream": scores,
+        "blimp": blimp_means.get(name),
+        "downstream": scores, "downstream_range": ranges,
+        "learning_rates": {task: entry.get("learning_rate")
+                           for task, entry in report["tasks"].items()},
         "rank_real_last": (rank.get("real", {}).get("entropy") or [None])[-1]})
   groups = {}
   for row in rows:
@@ -159,10 +212,14 @@ def summarize(runs, finetune_reports: dict, ranks: dict) -> dict:
         "pretraining_seeds": len(members),
         "mask_accuracy": mean([r["mask_accuracy"] for r in members
                                if r["mask_accuracy"] is not None]),
+        "blimp": mean([r["blimp"] for r in members if r["blimp"] is not None]),
         "downstream": {t: mean([r["downstream"][t] for r in members
                                 if t in r["downstream"]]) for t in tasks},
-        "downstream_spread": {t: [min(r["downstream"][t] for r in members),
-                                  max(r["downstream"][t] for r in members)]
+        # Over every fine-tuning seed of every pretraining seed.
+        "downstream_spread": {t: [min(r["downstream_range"][t][0] for r in members
+                                      if t in r["downstream"]),
+                                  max(r["downstream_range"][t][1] for r in members
+                                      if t in r["downstream"])]
                               for t in tasks},
         "rank_real_last": mean([r["rank_real_last"] for r in members
                                 if r["rank_real_last"] is not None])})
@@ -171,29 +228,34 @@ def summarize(runs, finetune_reports: dict, ranks: dict) -> dict:
 
 def format_markdown(summary: dict, tasks) -> str:
   pct = lambda v: "" if v is None else f"{100 * v:.1f}"
+  num = lambda v: "" if v is None else f"{v:.1f}"
   head = " | ".join(tasks)
-  lines = ["Per objective: the mean over pretraining seeds (the range in brackets) of "
-           "each run's median over fine-tuning seeds; GLUE metrics x100; effective "
-           "rank (entropy) of real tokens at the last layer.", "",
-           f"| objective | TFLOPs | seeds | [MASK] acc | {head} | rank |",
-           "|---|--:|--:|--:|" + "--:|" * len(tasks) + "--:|"]
+  lines = ["Per objective: the mean over pretraining seeds of each run's median over "
+           "fine-tuning seeds, with the lowest and highest fine-tuning seed in "
+           "brackets; GLUE metrics x100; BLiMP: mean accuracy over paradigms; "
+           "effective rank (entropy) of real tokens at the last layer.", "",
+           f"| objective | TFLOPs | seeds | [MASK] acc | BLiMP | {head} | rank |",
+           "|---|--:|--:|--:|--:|" + "--:|" * len(tasks) + "--:|"]
   for g in sorted(summary["groups"], key=lambda g: (g["group"], g["flops"])):
     cells = [f"{pct(g['downstream'].get(t))} ({pct(g['downstream_spread'][t][0])}-"
              f"{pct(g['downstream_spread'][t][1])})" if t in g["downstream"] else ""
              for t in tasks]
     rank = "" if g["rank_real_last"] is None else f"{g['rank_real_last']:.1f}"
     lines.append(f"| {g['group']} | {g['flops'] / 1e12:.1f} | {g['pretraining_seeds']} "
-                 f"| {pct(g['mask_accuracy'])} | " + " | ".join(cells) + f" | {rank} |")
-  lines += ["", "Per run:", "",
-            f"| run | steps | TFLOPs | [MASK] acc / loss | unigram / bigram acc | {head} |",
-            "|---|--:|--:|--:|--:|" + "--:|" * len(tasks)]
+                 f"| {pct(g['mask_accuracy'])} | {num(g.get('blimp'))} | "
+                 + " | ".join(cells) + f" | {rank} |")
+  lines += ["", "Per run (fine-tuning learning rate in brackets):", "",
+            f"| run | steps | TFLOPs | [MASK] acc / loss | unigram / bigram acc | BLiMP "
+            f"| {head} |", "|---|--:|--:|--:|--:|--:|" + "--:|" * len(tasks)]
   for r in summary["runs"]:
     loss = "" if r["mask_loss"] is None else f"{r['mask_loss']:.3f}"
+    rates = r.get("learning_rates", {})
     lines.append(
         f"| {r['run']} | {r['steps']} | {r['flops'] / 1e12:.1f} | "
         f"{pct(r['mask_accuracy'])} / {loss} | {pct(r['unigram_accuracy'])} / "
-        f"{pct(r['bigram_accuracy'])} | "
-        + " | ".join(pct(r["downstream"].get(t)) for t in tasks) + " |")
+        f"{pct(r['bigram_accuracy'])} | {num(r.get('blimp'))} | "
+        + " | ".join(pct(r["downstream"].get(t)) + (
+            f" ({rates[t]:g})" if rates.get(t) else "") for t in tasks) + " |")
   return "\n".join(lines)
 
 
@@ -202,33 +264,49 @@ def plot(summary: dict, tasks, path: str) -> None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   panels = list(tasks) + ["mask_accuracy"]
+  if any(g.get("blimp") is not None for g in summary["groups"]):
+    panels.append("blimp")
   fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
   names = sorted({g["group"] for g in summary["groups"]})
+
+  def value(g, panel):
+    if panel == "blimp":
+      return g.get("blimp")
+    v = g["mask_accuracy"] if panel == "mask_accuracy" else g["downstream"].get(panel)
+    return None if v is None else 100 * v
+
   for color, name in enumerate(names):
     points = sorted((g for g in summary["groups"] if g["group"] == name),
                     key=lambda g: g["flops"])
-    if name == UNTRAINED_GROUP:  # The bar pretraining has to clear: a level line.
-      for ax, panel in zip(axes[0], panels):
-        value = (points[0]["mask_accuracy"] if panel == "mask_accuracy"
-                 else points[0]["downstream"].get(panel))
-        if value is not None:
-          ax.axhline(100 * value, color=f"C{color}", ls="--", label="untrained")
-      continue
     for ax, panel in zip(axes[0], panels):
+      spread = [g["downstream_spread"].get(panel) for g in points]
+      if name == UNTRAINED_GROUP:  # The bar pretraining has to clear: a level line.
+        if value(points[0], panel) is not None:
+          ax.axhline(value(points[0], panel), color=f"C{color}", ls="--",
+                     label="untrained")
+          if spread[0]:  # Its fine-tuning seeds' range.
+            ax.axhspan(100 * spread[0][0], 100 * spread[0][1], color=f"C{color}",
+                       alpha=0.15)
+        continue
       xs = [g["flops"] / 1e12 for g in points]
-      if panel == "mask_accuracy":
-        ys = [100 * g["mask_accuracy"] for g in points]
-      else:
-        ys = [100 * g["downstream"][panel] for g in points]
-        low = [100 * g["downstream_spread"][panel][0] for g in points]
-        high = [100 * g["downstream_spread"][panel][1] for g in points]
-        ax.vlines(xs, low, high, color=f"C{color}", alpha=0.5)
+      ys = [value(g, panel) for g in points]
+      if any(y is None for y in ys):
+        continue
+      if all(spread):
+        ax.vlines(xs, [100 * s[0] for s in spread], [100 * s[1] for s in spread],
+                  color=f"C{color}", alpha=0.5)
       ax.plot(xs, ys, "o-", color=f"C{color}", label=name)
   # From 0, the untrained control's compute: with one budget the axis would
   # otherwise zoom into the runs' rounding (79.99-80.01 TFLOPs).
   right = 1.05 * max(g["flops"] for g in summary["groups"]) / 1e12
   for ax, panel in zip(axes[0], panels):
     ax.set(xlabel="pretraining TFLOPs", title=panel.replace("_", " "), xlim=(0, right))
+    # At least 10 points tall: a 2-point axis makes fine-tuning noise look like
+    # a ranking.
+    low, high = ax.get_ylim()
+    if high - low < 10:
+      middle = (low + high) / 2
+      ax.set_ylim(middle - 5, middle + 5)
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=8)
   fig.tight_layout()
@@ -236,14 +314,115 @@ def plot(summary: dict, tasks, path: str) -> None:
   plt.close(fig)
 
 
-# --------------------------------------------------------------------------
-# The comparison.
-# --------------------------------------------------------------------------
+def finetune_encoder(run: dict, tasks, protocol: dict, data_dir: str,
+                     select_dir: str, out: str) -> dict:
+  """Fine-tunes one encoder by the protocol; returns its report, each task's
+  entry at the learning rate its selection picked (`selected_by`)."""
+  learning_rates = list(protocol.get("learning_rates") or
+                        [protocol["common"]["learning_rate"]])
+  sweep_dir = os.path.join(out, "finetune", run["name"])
+  chosen = {}
+  for task in tasks:
+    overrides = {**protocol["common"], **protocol["tasks"].get(task, {}),
+                 "init_from": run["workdir"]}
+    chosen[task] = learning_rates[0]
+    if len(learning_rates) > 1:
+      grid_dir = os.path.join(out, "select", run["name"])
+      finetune_sweep.run_grid(finetune_sweep.grid_configs(
+          GLUE_CONFIG, [task], {**overrides, "data.dir": select_dir}, learning_rates,
+          protocol.get("select_seeds") or protocol["seeds"][:1]), grid_dir)
+      by_rate = finetune_sweep.write_report(grid_dir, "last")["tasks"][task]
+      chosen[task] = by_rate["learning_rate"]
+    finetune_sweep.run_grid(finetune_sweep.grid_configs(
+        GLUE_CONFIG, [task], {**overrides, "data.dir": data_dir}, [chosen[task]],
+        protocol["seeds"]), sweep_dir)
+  report = finetune_sweep.write_report(sweep_dir, "last")
+  for task, entry in report["tasks"].items():
+    # Only the selected rate counts, even if the directory holds others (a
+    # selection that changed): picking among them here would be picking on
+    # the scored data.
+    at = entry["by_learning_rate"][f"{chosen[task]:g}"]
+    entry.update(learning_rate=chosen[task], median=at["median"],
+                 num_seeds=len(at["seeds"]),
+                 seed_range=[min(at[entry["main_metric"]]),
+                             max(at[entry["main_metric"]])],
+                 selected_by=("a split of the training data" if len(learning_rates) > 1
+                              else "fixed"))
+  return report
+
+
+def blimp_scores(runs, blimp_dir: str, out: str, *, max_pairs: int = 0,
+                 all_steps: bool = False) -> dict:
+  """BLiMP means (and results) of every run's newest checkpoint, or, with
+  `all_steps`, of each kept checkpoint; cached per run and step, so a rerun
+  scores only what is new."""
+  pairs = blimp.read_pairs(blimp_dir, max_pairs)
+  scores = {}
+  for run in runs:
+    steps = (sorted(s for s, d in checkpoints.step_dirs(run["workdir"]).items()
+                    if checkpoints.is_committed(d)) if all_steps
+             else [checkpoints.latest_step(run["workdir"])])
+    for step in steps:
+      path = os.path.join(out, "blimp_curve" if all_steps else "blimp", run["name"],
+                          f"step{step}_{max_pairs or 'all'}.json")
+      if not os.path.isfile(path):
+        loaded = blimp._load(run["workdir"], step)  # pylint: disable=protected-access
+        good, bad = blimp.score_pairs(loaded.model_cfg, loaded.params,
+                                      loaded.tokenizer, pairs)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+          json.dump({"step": step, "variant": blimp.DEFAULT_VARIANT,
+                     **blimp.aggregate(pairs, good, bad)}, f, indent=2)
+        os.replace(path + ".tmp", path)
+      with open(path) as f:
+        scores.setdefault(run["name"], {})[step] = json.load(f)
+  return scores
+
+
+def mask_accuracy_curve(workdir: str) -> list[tuple[int, float]]:
+  """(step, held-out [MASK] accuracy) of every evaluation of a run."""
+  curve = []
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      if "eval/mask_accuracy" in record:
+        curve.append((record["step"], record["eval/mask_accuracy"]))
+  return curve
+
+
+def plot_curves(runs, curve_scores: dict, path: str) -> None:
+  """BLiMP and held-out [MASK] accuracy against pretraining FLOPs per run."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  for color, run in enumerate(runs):
+    per_step = config_lib.train_flops_per_step(run["config"]) / 1e12
+    by_step = sorted(curve_scores.get(run["name"], {}).items())
+    if by_step:
+      axes[0].plot([s * per_step for s, _ in by_step], [v["mean"] for _, v in by_step],
+                   "o-", color=f"C{color}", label=run["name"])
+    curve = mask_accuracy_curve(run["workdir"])
+    if len(curve) > 1:
+      axes[1].plot([s * per_step for s, _ in curve], [100 * a for _, a in curve],
+                   "-", color=f"C{color}", label=run["name"])
+  axes[0].axhline(50, color="gray", ls="--", lw=1, label="chance")
+  axes[0].set(title="BLiMP (mean over paradigms)", ylabel="accuracy (%)")
+  axes[1].set(title="held-out [MASK] accuracy", ylabel="accuracy (%)")
+  for ax in axes:
+    ax.set(xlabel="pretraining TFLOPs")
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
 
 
 def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
             tasks=("sst2", "qnli", "cola"), num_tokens: int = 4096,
-            command: str = "") -> dict:
+            blimp_dir: str = "", blimp_max_pairs: int = 0,
+            blimp_curve_pairs: int = 0, command: str = "") -> dict:
   out = os.path.abspath(out)
   unknown = sorted(set(tasks) - set(TASK_DIRS))
   if unknown:
@@ -255,29 +434,36 @@ def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
                      "fine-tuning protocol (see configs/compare.py)")
   protocol = module.get_finetune(arg)
   sweep.expand(config_file, overrides)  # Every config error before any work.
+  if blimp_dir:
+    blimp.read_pairs(blimp_dir, 1)  # A wrong --blimp_dir before hours of work.
   data_dir = glue_root(glue_dir, out, tasks) if tasks else ""
+  select_dir = (selection_root(data_dir, out, tasks)
+                if tasks and len(protocol.get("learning_rates") or ()) > 1 else "")
 
   overrides = dict(overrides)
   if not overrides.get("tokenizer.path"):
     overrides["tokenizer.path"] = shared_tokenizer(config_file, overrides, out)
   runs = sweep.run_sweep(config_file, os.path.join(out, "pretrain"), overrides)
 
+  blimp_results = (blimp_scores(runs, blimp_dir, out, max_pairs=blimp_max_pairs)
+                   if blimp_dir else {})
+  if blimp_dir and blimp_curve_pairs:
+    curve = blimp_scores(runs, blimp_dir, out, max_pairs=blimp_curve_pairs,
+                         all_steps=True)
+    plot_curves([r for r in runs if r["config"].total_steps > 1], curve,
+                os.path.join(out, "curves.png"))
+
   reports = {}
   for run in runs:
-    sweep_dir = os.path.join(out, "finetune", run["name"])
-    for task in tasks:
-      points = finetune_sweep.grid_configs(
-          GLUE_CONFIG, [task],
-          {**protocol["common"], **protocol["tasks"].get(task, {}),
-           "init_from": run["workdir"], "data.dir": data_dir},
-          [protocol["common"]["learning_rate"]], protocol["seeds"])
-      finetune_sweep.run_grid(points, sweep_dir)
     if tasks:
-      reports[run["name"]] = finetune_sweep.write_report(sweep_dir, "last")
+      reports[run["name"]] = finetune_encoder(run, tasks, protocol, data_dir,
+                                              select_dir, out)
 
   ranks = analyze.analyze([r["workdir"] for r in runs], os.path.join(out, "rank"),
                           num_tokens=num_tokens)["runs"]
-  summary = summarize(runs, reports, ranks)
+  summary = summarize(runs, reports, ranks,
+                      {name: max(by_step.items())[1]["mean"]
+                       for name, by_step in blimp_results.items()})
   summary.update(command=command, config=config_file, tasks=list(tasks),
                  finetune=protocol)
   with open(os.path.join(out, "comparison.json"), "w") as f:
@@ -296,6 +482,11 @@ def _define_flags() -> None:
   flags.DEFINE_string("glue_dir", "", "GLUE root with SST-2, CoLA, QNLI (*.tsv)")
   flags.DEFINE_list("tasks", ["sst2", "qnli", "cola"], "Downstream tasks")
   flags.DEFINE_integer("num_tokens", 4096, "Tokens per layer for the effective rank")
+  flags.DEFINE_string("blimp_dir", "", "A folder of BLiMP <UID>.jsonl files: adds "
+                      "each encoder's BLiMP score (maelm_jax.blimp)")
+  flags.DEFINE_integer("blimp_max_pairs", 0, "BLiMP pairs per paradigm (0: all)")
+  flags.DEFINE_integer("blimp_curve_pairs", 0, "With --blimp_dir: also score every "
+                       "kept checkpoint on this many pairs per paradigm (curves.png)")
   flags.DEFINE_bool("verbose", False, "Full traceback of an error")
   flags.mark_flags_as_required(["config", "out"])
 
@@ -310,7 +501,9 @@ def main(argv) -> None:
     summary = errors.one_line_errors(
         compare, config_flags.get_config_filename(FLAGS["config"]), FLAGS.out,
         config_flags.get_override_values(FLAGS["config"]), glue_dir=FLAGS.glue_dir,
-        tasks=FLAGS.tasks, num_tokens=FLAGS.num_tokens, verbose=FLAGS.verbose,
+        tasks=FLAGS.tasks, num_tokens=FLAGS.num_tokens, blimp_dir=FLAGS.blimp_dir,
+        blimp_max_pairs=FLAGS.blimp_max_pairs,
+        blimp_curve_pairs=FLAGS.blimp_curve_pairs, verbose=FLAGS.verbose,
         command=" ".join(["python -m maelm_jax.compare"] + sys.argv[1:]))
   except KeyboardInterrupt:
     sys.stderr.write("stopped (the running run saved); the same command resumes\n")

@@ -41,7 +41,8 @@ def get_sweep(arg=None):
 def get_finetune(arg=None):
   return {"common": {"learning_rate": 1e-3, "dtype": "float32", "batch_size": 16,
                       "pooling": "mean", "dropout": 0.0, "attention_dropout": 0.0},
-          "tasks": {"sst2": {"num_epochs": 1, "max_seq_len": 24}}, "seeds": (1,)}
+          "tasks": {"sst2": {"num_epochs": 1, "max_seq_len": 24}}, "seeds": (1, 2),
+          "learning_rates": (1e-3, 3e-3), "select_seeds": (1,)}
 '''
 
 
@@ -104,12 +105,15 @@ def comparison(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("compare")
   config_file = write_sweep_config(tmp) + ":4"
   from tests.test_finetune_e2e import write_sst2  # pylint: disable=g-import-not-at-top
+  from tests.test_blimp import write_blimp  # pylint: disable=g-import-not-at-top
   write_sst2(tmp / "glue" / "SST-2")
+  write_blimp(tmp / "blimp", pairs=4)
   out = tmp / "out"
   done = subprocess.run(
       [sys_executable(), "-m", "maelm_jax.compare", f"--config={config_file}",
        f"--out={out}", f"--glue_dir={tmp / 'glue'}", "--tasks=sst2",
-       "--num_tokens=128"], capture_output=True, text=True, timeout=900, cwd=REPO)
+       "--num_tokens=128", f"--blimp_dir={tmp / 'blimp'}", "--blimp_curve_pairs=2"],
+      capture_output=True, text=True, timeout=900, cwd=REPO)
   assert done.returncode == 0, done.stderr[-3000:]
   return config_file, out, done
 
@@ -137,6 +141,38 @@ def test_compare_writes_one_table_and_one_figure(comparison):
   assert (out / "comparison.png").stat().st_size > 10_000
   assert (out / "tokenizer" / "tokenizer.model").exists()  # One for both runs.
   assert "| mlm |" in done.stdout
+  for name, row in rows.items():  # BLiMP of the newest checkpoint, 12 pairs.
+    blimp_result = json.loads((out / "blimp" / name / f"step{row['steps']}_all.json")
+                              .read_text())
+    assert blimp_result["pairs"] == 12 and row["blimp"] == blimp_result["mean"]
+    # One small BLiMP per kept checkpoint, for the curves.
+    assert sorted(p.name for p in (out / "blimp_curve" / name).iterdir()) == sorted(
+        f"step{s}_2.json" for s in range(row["steps"] - 2, row["steps"] + 1))
+  assert (out / "curves.png").stat().st_size > 10_000
+
+
+def test_compare_picks_each_encoders_rate_on_a_split_of_the_training_data(comparison):
+  _, out, _ = comparison
+  train = (out / "glue" / "SST-2" / "train.tsv").read_text().splitlines()
+  scored = set((out / "glue" / "SST-2" / "dev.tsv").read_text().splitlines()[1:])
+  select_train = (out / "glue_select" / "SST-2" / "train.tsv").read_text().splitlines()
+  select_dev = (out / "glue_select" / "SST-2" / "dev.tsv").read_text().splitlines()
+  assert select_train[0] == select_dev[0] == train[0]  # The header, kept.
+  assert len(select_dev) - 1 == round(0.2 * (len(train) - 1))
+  assert sorted(select_train[1:] + select_dev[1:]) == sorted(train[1:])
+  assert not scored & set(select_dev[1:])  # Never the scored data.
+  summary = json.loads((out / "comparison.json").read_text())
+  for row in summary["runs"]:
+    selection = json.loads((out / "select" / row["run"] / "report.json").read_text())
+    by_rate = selection["tasks"]["sst2"]["by_learning_rate"]
+    assert sorted(by_rate) == ["0.001", "0.003"]
+    best = max(by_rate, key=lambda r: by_rate[r]["median"]["accuracy"])
+    assert row["learning_rates"]["sst2"] == float(best)
+    # The scored runs: the chosen rate only, every fine-tuning seed.
+    runs = sorted(p.name for p in (out / "finetune" / row["run"] / "sst2").iterdir())
+    assert runs == [f"lr{float(best):g}_seed1", f"lr{float(best):g}_seed2"]
+    low, high = row["downstream_range"]["sst2"]
+    assert low <= row["downstream"]["sst2"] <= high
 
 
 def test_rerun_trains_nothing_and_another_config_is_refused(comparison, monkeypatch):
