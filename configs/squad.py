@@ -50,6 +50,8 @@ def get_config(arg=None):
   # at this times the rate of the one above, the embeddings lowest, the head at
   # the full rate. 1.0: off (RoBERTa, MAE-LM). See train_lib.scale_by_layer_decay.
   config.layer_decay = 1.0
+  # True: LAMB-style relative updates (see configs/glue.py).
+  config.relative_updates = False
   config.adam_b1 = 0.9
   config.adam_b2 = 0.98
   config.adam_eps = 1e-6

@@ -225,6 +225,7 @@ ADDED_KEYS = {
     "model.activation_dropout": SameAs("model.dropout"),
     "activation_dropout": SameAs("dropout"),
     "layer_decay": 1.0,  # Fine-tuning's layer-wise learning-rate decay: off.
+    "relative_updates": False,  # Fine-tuning's LAMB-style relative updates: off.
 }
 
 

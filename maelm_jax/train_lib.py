@@ -118,11 +118,56 @@ def scale_by_layer_decay(decay: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def scale_by_relative_size() -> optax.GradientTransformation:
+  """LAMB's trust ratio (You et al. 2020) on AdamW's direction: each tensor's
+  update is rescaled to its parameter's norm, so the learning rate is the
+  *relative* change per step of every tensor, whatever its scale.
+
+  Why fine-tuning wants it: pretraining grows the weights (at `tiny`, kernels
+  and embeddings end 2-5x their initial RMS; benchmarks/RESULTS.md, "Does
+  pretraining pay?"), so under plain AdamW, whose steps have a fixed absolute
+  size, one learning rate moves a pretrained encoder 2-5x less, relatively, than
+  a freshly initialised one. A stacked leaf of scanned layers is normed per
+  layer, as the unrolled layers are. Zero-norm tensors (biases at init) keep the
+  plain update.
+  """
+
+  def update(updates, state, params):
+    depths, _ = encoder_depths(params)
+
+    def rescale(u, p, depth):
+      per_layer = np.ndim(depth) > 0  # Scanned: reduce all but the layer axis.
+      axes = tuple(range(1, p.ndim)) if per_layer else None
+      param_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes,
+                                    keepdims=per_layer))
+      update_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes,
+                                     keepdims=per_layer))
+      ratio = jnp.where((param_norm > 0) & (update_norm > 0),
+                        param_norm / jnp.maximum(update_norm, 1e-30), 1.0)
+      return (u * ratio).astype(u.dtype)
+
+    return jax.tree.map(rescale, updates, params, depths), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(config) -> optax.GradientTransformation:
   layer_decay = config.get("layer_decay", 1.0)
+  schedule = learning_rate_schedule(config)
+  if config.get("relative_updates", False):
+    # AdamW's direction (decay included), each tensor's step rescaled to its
+    # norm, times the schedule: LAMB.
+    return optax.chain(
+        optax.clip_by_global_norm(config.grad_clip_norm),
+        optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps),
+        optax.add_decayed_weights(config.weight_decay, mask=weight_decay_mask),
+        scale_by_relative_size(),
+        optax.scale_by_learning_rate(schedule),
+        *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
+    )
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip_norm),
-      optax.adamw(learning_rate_schedule(config), b1=config.adam_b1,
+      optax.adamw(schedule, b1=config.adam_b1,
                   b2=config.adam_b2, eps=config.adam_eps,
                   weight_decay=config.weight_decay, mask=weight_decay_mask),
       *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),

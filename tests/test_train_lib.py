@@ -153,6 +153,34 @@ def test_layer_decay_scales_each_update_by_decay_to_the_distance_from_the_top(
     np.testing.assert_allclose(decayed[name], full[name] * factor, rtol=1e-6)
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_relative_updates_move_every_tensor_by_the_rate_times_its_norm(scan_layers):
+  params = _classifier_params(2, scan_layers)
+  # Weights at very different scales, as pretraining leaves them.
+  params = jax.tree.map(lambda p: p * 7.0 + 0.5, params)
+  params["head"]["out"]["bias"] = jnp.zeros_like(params["head"]["out"]["bias"])
+  grads = jax.tree.map(lambda p: jnp.asarray(np.random.default_rng(0).normal(
+      size=p.shape), p.dtype), params)
+  config = tiny_config(learning_rate=1e-2, warmup_steps=0, total_steps=10,
+                       weight_decay=0.0)
+  config.unlock()
+  config.relative_updates = True
+  tx = train_lib.make_optimizer(config)
+  updates = tx.update(grads, tx.init(params), params)[0]
+  flat_p, flat_u = _by_name(params), _by_name(updates)
+  for name, p in flat_p.items():
+    u = np.asarray(flat_u[name])
+    if "layers" in name:  # Scanned: each layer's slice on its own.
+      for i in range(p.shape[0]):
+        np.testing.assert_allclose(np.linalg.norm(u[i]),
+                                   1e-2 * np.linalg.norm(np.asarray(p[i])), rtol=1e-4)
+    elif np.linalg.norm(p) > 0:
+      np.testing.assert_allclose(np.linalg.norm(u), 1e-2 * np.linalg.norm(p), rtol=1e-4)
+  # A zero tensor (a bias at init) takes the plain Adam step: lr per coordinate.
+  bias_update = np.asarray(flat_u["['head']['out']['bias']"])
+  np.testing.assert_allclose(np.abs(bias_update), 1e-2, rtol=1e-3)
+
+
 def test_finetuning_runs_from_before_layer_decay_resume_as_they_ran():
   import pathlib, sys  # pylint: disable=g-import-not-at-top,multiple-imports
   from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top
