@@ -307,8 +307,12 @@ def fast_tokenizer(sp_model_path: str):
   tok.normalizer = normalizers.Sequence(steps + [
       normalizers.Replace(_BRACKET, _RENAMED_BRACKET)])
   prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+  # split=True: a word per whitespace, as SentencePiece (split_by_whitespace)
+  # never lets a piece cross one, so the ids are the same and `word_ids()` names
+  # words, not the whole text (word-level tools, e.g. minicons' PLL-word-l2r,
+  # read them).
   tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend,
-                                               split=False)
+                                               split=True)
   tok.decoder = decoders.Sequence([
       decoders.Replace(_RENAMED_BRACKET, _BRACKET),
       decoders.Metaspace(replacement="▁", prepend_scheme=prepend, split=False)])

@@ -100,6 +100,14 @@ def check_export(out, workdir, model_class, remote):
   a, b = TRICKY_TEXTS[0], TRICKY_TEXTS[5]
   assert hf_tok(a, b)["input_ids"] == [2, *ours.encode_one(a), 3, *ours.encode_one(b), 3]
   assert hf_tok(TRICKY_TEXTS[5])["input_ids"].count(4) == 0  # "[MASK]" is text
+  # word_ids() name words (a new one at each "▁" piece), as word-level tools
+  # (minicons' PLL-word-l2r, NER label alignment) need; it was one for the text.
+  encoded = hf_tok("Ella's cousins weren't respected.")
+  pieces = hf_tok.convert_ids_to_tokens(encoded["input_ids"])
+  starts = [i for i, p in enumerate(pieces[1:-1], 1) if p.startswith("\u2581")]
+  words = encoded.word_ids()
+  assert words[0] is None and words[-1] is None and len(set(words[1:-1])) == 4
+  assert [i for i in range(1, len(words) - 1) if words[i] != words[i - 1]] == starts
   batch = hf_tok(["short", "a somewhat longer sentence"], padding=True)
   assert batch["input_ids"][0][-1] == 0 and set(batch) == {"input_ids", "attention_mask"}
   return model
