@@ -247,7 +247,7 @@ def test_comparison_figure_draws_the_untrained_control_as_a_level_line(tmp_path,
   group = lambda name, tflops, sst2, acc: {
       "group": name, "flops": tflops * 1e12, "pretraining_seeds": 1, "mask_accuracy": acc,
       "downstream": {"sst2": sst2}, "downstream_spread": {"sst2": [sst2, sst2]},
-      "rank_real_last": 40.0}
+      "rank_real_last": 40.0, "blimp": 52.0 if name == compare.UNTRAINED_GROUP else None}
   summary = {"runs": [], "groups": [group("mlm", 10, 0.76, 0.17), group("mlm", 20, 0.78, 0.2),
                                     group(compare.UNTRAINED_GROUP, 0.05, 0.74, 0.001)]}
   levels = []
@@ -258,8 +258,9 @@ def test_comparison_figure_draws_the_untrained_control_as_a_level_line(tmp_path,
   xlims = []
   monkeypatch.setattr(axes_lib.Axes, "set_xlim", lambda self, *a, **k: xlims.append(a))
   compare.plot(summary, ["sst2"], str(tmp_path / "c.png"))
-  assert sorted(levels) == [("", 0.1, "untrained"), ("", 74.0, "untrained")]
-  assert xlims.count(((0, 21.0),)) == 2  # Each panel: no compute to the largest budget.
+  assert sorted(levels) == [("", 0.1, "untrained"), ("", 52.0, "untrained"),
+                            ("", 74.0, "untrained")]
+  assert xlims.count(((0, 21.0),)) == 3  # Each panel: no compute to the largest budget.
   assert (tmp_path / "c.png").stat().st_size > 10_000
-  assert "| random | 0.1 | 1 | 0.1 | 74.0 (74.0-74.0) | 40.0 |" in compare.format_markdown(
+  assert "| random | 0.1 | 1 | 0.1 | 52.0 | 74.0 (74.0-74.0) | 40.0 |" in compare.format_markdown(
       summary, ["sst2"])
