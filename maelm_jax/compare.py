@@ -400,14 +400,21 @@ def plot_curves(runs, curve_scores: dict, path: str) -> None:
     per_step = config_lib.train_flops_per_step(run["config"]) / 1e12
     by_step = sorted(curve_scores.get(run["name"], {}).items())
     if by_step:
-      axes[0].plot([s * per_step for s, _ in by_step], [v["mean"] for _, v in by_step],
-                   "o-", color=f"C{color}", label=run["name"])
+      # A 95% binomial interval of each point's pairs: what a BLiMP of this many
+      # pairs can tell apart.
+      half = [196 * (v["mean"] / 100 * (1 - v["mean"] / 100) / v["pairs"]) ** 0.5
+              for _, v in by_step]
+      axes[0].errorbar([s * per_step for s, _ in by_step], [v["mean"] for _, v in by_step],
+                       yerr=half, fmt="o-", capsize=2, color=f"C{color}",
+                       label=f"{run['name']} ({by_step[0][1]['pairs']} pairs, 95% CI)")
     curve = mask_accuracy_curve(run["workdir"])
     if len(curve) > 1:
       axes[1].plot([s * per_step for s, _ in curve], [100 * a for _, a in curve],
                    "-", color=f"C{color}", label=run["name"])
   axes[0].axhline(50, color="gray", ls="--", lw=1, label="chance")
   axes[0].set(title="BLiMP (mean over paradigms)", ylabel="accuracy (%)")
+  low, high = axes[0].get_ylim()  # Never zoomed below 40-70: noise is not a trend.
+  axes[0].set_ylim(min(low, 40), max(high, 70))
   axes[1].set(title="held-out [MASK] accuracy", ylabel="accuracy (%)")
   for ax in axes:
     ax.set(xlabel="pretraining TFLOPs")
