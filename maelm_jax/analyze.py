@@ -202,20 +202,7 @@ def read_rows(source, tokenizer, seq_len: int, num_tokens: int) -> np.ndarray:
 
 def _load(path: str, step: int | None) -> checkpoints.Pretrained:
   """Tokenizer, config and encoder parameters of a pretraining workdir."""
-  path = os.path.abspath(path)
-  for name in ("config.json", tokenizer_lib.TOKENIZER_FILENAME):
-    if not os.path.isfile(os.path.join(path, name)):
-      raise FileNotFoundError(f"--workdir {path} has no {name}: pass the --workdir "
-                              "of a maelm_jax pretraining run")
-  steps = sorted(s for s, d in checkpoints.step_dirs(path).items()
-                 if checkpoints.is_committed(d))
-  if not steps:
-    raise FileNotFoundError(f"--workdir {path} has no checkpoint in "
-                            f"{checkpoints.checkpoint_dir(path)}: pretrain it until "
-                            "it saves one, or pass another workdir")
-  if step is not None and step not in steps:
-    raise ValueError(f"--workdir {path} has no checkpoint of --step={step}; it has "
-                     f"steps {steps}")
+  path = checkpoints.check_pretraining_workdir(path, step)
   return checkpoints.load_pretrained(path, encoder_only=True, step=step,
                                     scan_layers=False)  # Per-layer outputs.
 

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax import checkpoints, errors, masking, model as model_lib, sharding
+from maelm_jax import sources
 from maelm_jax import tokenizer as tokenizer_lib
 
 VARIANTS = ("word_l2r", "token")
@@ -96,27 +97,18 @@ def read_pairs(data_dir: str, max_pairs_per_paradigm: int = 0) -> list[Pair]:
   pairs = []
   for path in files:
     with open(path, encoding="utf-8") as f:
-      count = 0
-      for number, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        where = f"{path}:{number}"
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{where} is not valid JSON ({e.msg}); BLiMP files hold "
-                           "one JSON object per line") from None
-        missing = [k for k in ("sentence_good", "sentence_bad") if k not in row]
-        if missing:
-          raise ValueError(f"{where} has no {missing}; a BLiMP pair needs "
-                           "sentence_good and sentence_bad")
-        paradigm = row.get("UID") or os.path.basename(path)[:-len(".jsonl")]
-        pairs.append(Pair(paradigm, row.get("field", "unknown"),
-                          row.get("linguistics_term", paradigm),
-                          row["sentence_good"], row["sentence_bad"]))
-        count += 1
-        if max_pairs_per_paradigm and count >= max_pairs_per_paradigm:
-          break
+      records = sources.json_records(path, f.read())
+    for count, (where, row) in enumerate(records, 1):
+      missing = [k for k in ("sentence_good", "sentence_bad") if k not in row]
+      if missing:
+        raise ValueError(f"{where} has no {missing}; a BLiMP pair needs "
+                         "sentence_good and sentence_bad")
+      paradigm = row.get("UID") or os.path.basename(path)[:-len(".jsonl")]
+      pairs.append(Pair(paradigm, row.get("field", "unknown"),
+                        row.get("linguistics_term", paradigm),
+                        row["sentence_good"], row["sentence_bad"]))
+      if count == max_pairs_per_paradigm:
+        break
   return pairs
 
 
@@ -518,17 +510,7 @@ def evaluate(workdirs: Sequence[str], data: str, out: str, *,
 
 def _load(workdir: str, step: int | None) -> checkpoints.Pretrained:
   """The full pretraining model (decoder and LM head included), unrolled."""
-  workdir = os.path.abspath(workdir)
-  for name in ("config.json", tokenizer_lib.TOKENIZER_FILENAME):
-    if not os.path.isfile(os.path.join(workdir, name)):
-      raise FileNotFoundError(f"--workdir {workdir} has no {name}: pass the --workdir "
-                              "of a maelm_jax pretraining run")
-  if checkpoints.latest_step(workdir) is None:
-    raise FileNotFoundError(f"--workdir {workdir} has no checkpoint yet: pretrain it "
-                            "until it saves one, or pass another workdir")
-  if step is not None and step not in checkpoints.step_dirs(workdir):
-    raise ValueError(f"--workdir {workdir} has no checkpoint of --step={step}; it "
-                     f"has steps {sorted(checkpoints.step_dirs(workdir))}")
+  workdir = checkpoints.check_pretraining_workdir(workdir, step)
   run = checkpoints.load_pretrained(workdir, encoder_only=False, step=step,
                                     scan_layers=False)
   if run.config.get("mode", "pretrain") != "pretrain":

@@ -323,6 +323,26 @@ def restore_params(workdir: str, step: int | None = None,
   return restored["params"], step
 
 
+def check_pretraining_workdir(workdir: str, step: int | None = None) -> str:
+  """The absolute path of a pretraining workdir that holds a config, a
+  tokenizer and a committed checkpoint (of `step`, if given); otherwise a
+  message naming what is missing, for tools that read one (--workdir)."""
+  workdir = os.path.abspath(workdir)
+  for name in ("config.json", tokenizer_lib.TOKENIZER_FILENAME):
+    if not os.path.isfile(os.path.join(workdir, name)):
+      raise FileNotFoundError(f"--workdir {workdir} has no {name}: pass the --workdir "
+                              "of a maelm_jax pretraining run")
+  steps = sorted(s for s, d in step_dirs(workdir).items() if is_committed(d))
+  if not steps:
+    raise FileNotFoundError(f"--workdir {workdir} has no checkpoint in "
+                            f"{checkpoint_dir(workdir)}: pretrain it until it saves "
+                            "one, or pass another workdir")
+  if step is not None and step not in steps:
+    raise ValueError(f"--workdir {workdir} has no checkpoint of --step={step}; it has "
+                     f"steps {steps}")
+  return workdir
+
+
 def load_pretrained(workdir: str, *, encoder_only: bool = True,
                     step: int | None = None,
                     scan_layers: bool | None = None,

@@ -298,9 +298,10 @@ def _decode(path: str, data: bytes, on_bad_text: str) -> str | None:
   return None
 
 
-def _jsonl_documents(path: str, text_field: str, on_bad_text: str) -> Iterator[str]:
-  text = _decode(path, _read_bytes(path), on_bad_text)
-  for line_number, line in enumerate(text_lines(text or ""), 1):
+def json_records(path: str, text: str) -> Iterator[tuple[str, dict]]:
+  """(`path:line`, object) of each non-blank line of a JSON Lines text; a line
+  that is not a JSON object is named in the error."""
+  for line_number, line in enumerate(text_lines(text), 1):
     if not line.strip():
       continue
     where = f"{path}:{line_number}"
@@ -312,6 +313,12 @@ def _jsonl_documents(path: str, text_field: str, on_bad_text: str) -> Iterator[s
     if not isinstance(obj, dict):
       raise ValueError(f"{where} holds a JSON {type(obj).__name__}, not an "
                        "object; .jsonl files need one JSON object per line")
+    yield where, obj
+
+
+def _jsonl_documents(path: str, text_field: str, on_bad_text: str) -> Iterator[str]:
+  text = _decode(path, _read_bytes(path), on_bad_text)
+  for where, obj in json_records(path, text or ""):
     try:
       text_value = obj[text_field]
     except KeyError:
