@@ -58,7 +58,7 @@ def main():
 
   pairs = blimp.read_pairs(args.data, args.pairs_per_paradigm)
   sentences = [q.good for q in pairs] + [q.bad for q in pairs]
-  run = blimp._load(args.workdir, None)  # pylint: disable=protected-access
+  run = blimp.load_run(args.workdir, None)
   warm = pairs[:8]
   blimp.score_pairs(run.model_cfg, run.params, run.tokenizer, pairs,
                     variant=args.variant)  # Compiles every shape group once.

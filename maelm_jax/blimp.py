@@ -44,9 +44,7 @@ import dataclasses
 import functools
 import glob
 import json
-import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -66,7 +64,6 @@ RESULTS_FILE = "blimp.json"
 TABLE_FILE = "blimp.md"
 PLOT_FILE = "blimp.png"
 WORD_START = "\u2581"  # SentencePiece's word-boundary marker.
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 # All 67 paradigms (the BLiMP paper, Table 3), for scale.
 REFERENCE_SCORES = {"5-gram": 61.2, "LSTM": 69.8, "Transformer-XL": 69.6,
                     "GPT-2": 81.5, "human": 88.6}
@@ -366,7 +363,7 @@ def corpus_rows(source_spec: str, tokenizer, max_tokens: int, *, text_field="tex
   source = sources.open_source(source_spec, sources.TRAIN, text_field=text_field)
   yielded = 0
   for text in pipeline.training_texts(source, max_chars=sys.maxsize, seed=seed):
-    for row in sentence_ids(tokenizer, _SENTENCE_END.split(text)):
+    for row in sentence_ids(tokenizer, tokenizer_lib.SENTENCE_END.split(text)):
       yielded += len(row) - 1
       yield row
     if yielded >= max_tokens:
@@ -466,7 +463,7 @@ def evaluate(workdirs: Sequence[str], data: str, out: str, *,
   if len(set(map(os.path.abspath, workdirs))) != len(workdirs):
     raise ValueError(f"--workdir names a workdir twice: {list(workdirs)}")
   pairs = read_pairs(data, max_pairs_per_paradigm)
-  runs = [_load(w, step) for w in workdirs]  # Every input error before any work.
+  runs = [load_run(w, step) for w in workdirs]  # Every input error before any work.
   os.makedirs(out, exist_ok=True)
   results = {"variant": variant, "data": os.path.abspath(data), "command": command,
              "references_all_67_paradigms": REFERENCE_SCORES,
@@ -508,7 +505,7 @@ def evaluate(workdirs: Sequence[str], data: str, out: str, *,
   return results
 
 
-def _load(workdir: str, step: int | None) -> checkpoints.Pretrained:
+def load_run(workdir: str, step: int | None) -> checkpoints.Pretrained:
   """The full pretraining model (decoder and LM head included), unrolled."""
   workdir = checkpoints.check_pretraining_workdir(workdir, step)
   run = checkpoints.load_pretrained(workdir, encoder_only=False, step=step,

@@ -323,6 +323,11 @@ def restore_params(workdir: str, step: int | None = None,
   return restored["params"], step
 
 
+def committed_steps(workdir: str) -> list[int]:
+  """Steps of the workdir's complete checkpoints, ascending."""
+  return sorted(s for s, d in step_dirs(workdir).items() if is_committed(d))
+
+
 def check_pretraining_workdir(workdir: str, step: int | None = None) -> str:
   """The absolute path of a pretraining workdir that holds a config, a
   tokenizer and a committed checkpoint (of `step`, if given); otherwise a
@@ -332,7 +337,7 @@ def check_pretraining_workdir(workdir: str, step: int | None = None) -> str:
     if not os.path.isfile(os.path.join(workdir, name)):
       raise FileNotFoundError(f"--workdir {workdir} has no {name}: pass the --workdir "
                               "of a maelm_jax pretraining run")
-  steps = sorted(s for s, d in step_dirs(workdir).items() if is_committed(d))
+  steps = committed_steps(workdir)
   if not steps:
     raise FileNotFoundError(f"--workdir {workdir} has no checkpoint in "
                             f"{checkpoint_dir(workdir)}: pretrain it until it saves "

@@ -155,14 +155,14 @@ def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
 # --------------------------------------------------------------------------
 
 
-def _last_eval(workdir: str) -> dict:
-  last = {}
+def _evaluations(workdir: str) -> list[dict]:
+  """The run's metrics.jsonl records of its evaluations, in order."""
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if "eval/mask_accuracy" in record:
-        last = record
-  return last
+    return [r for r in map(json.loads, f) if "eval/mask_accuracy" in r]
+
+
+def _last_eval(workdir: str) -> dict:
+  return (_evaluations(workdir) or [{}])[-1]
 
 
 def group_of(name: str) -> str:
@@ -359,14 +359,13 @@ def blimp_scores(runs, blimp_dir: str, out: str, *, max_pairs: int = 0,
   pairs = blimp.read_pairs(blimp_dir, max_pairs)
   scores = {}
   for run in runs:
-    steps = (sorted(s for s, d in checkpoints.step_dirs(run["workdir"]).items()
-                    if checkpoints.is_committed(d)) if all_steps
+    steps = (checkpoints.committed_steps(run["workdir"]) if all_steps
              else [checkpoints.latest_step(run["workdir"])])
     for step in steps:
       path = os.path.join(out, "blimp_curve" if all_steps else "blimp", run["name"],
                           f"step{step}_{max_pairs or 'all'}.json")
       if not os.path.isfile(path):
-        loaded = blimp._load(run["workdir"], step)  # pylint: disable=protected-access
+        loaded = blimp.load_run(run["workdir"], step)
         good, bad = blimp.score_pairs(loaded.model_cfg, loaded.params,
                                       loaded.tokenizer, pairs)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -381,13 +380,7 @@ def blimp_scores(runs, blimp_dir: str, out: str, *, max_pairs: int = 0,
 
 def mask_accuracy_curve(workdir: str) -> list[tuple[int, float]]:
   """(step, held-out [MASK] accuracy) of every evaluation of a run."""
-  curve = []
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if "eval/mask_accuracy" in record:
-        curve.append((record["step"], record["eval/mask_accuracy"]))
-  return curve
+  return [(r["step"], r["eval/mask_accuracy"]) for r in _evaluations(workdir)]
 
 
 def plot_curves(runs, curve_scores: dict, path: str) -> None:

@@ -46,7 +46,7 @@ TOKENIZER_FILENAME = "tokenizer.model"
 # them), so `train_tokenizer` cuts text into sentences, and sentences into
 # word-aligned chunks, no longer than this.
 _MAX_TRAINING_LINE_BYTES = 4096
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _VOCAB_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<=\s*(\d+)")
 _WAIT_POLL_S = 0.5
 
@@ -173,7 +173,7 @@ def _training_lines(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
     if not isinstance(text, str):
       raise TypeError(f"tokenizer training texts must be str, got {type(text)}")
     for line in sources.text_lines(text):
-      for sentence in _SENTENCE_END.split(line.strip()):
+      for sentence in SENTENCE_END.split(line.strip()):
         if not sentence:
           continue
         if len(sentence.encode("utf-8")) <= max_bytes:

@@ -263,6 +263,6 @@ def test_cli_bad_input_is_one_line_before_any_work(tmp_path, workdirs):
 def test_real_blimp_untrained_model_is_near_chance(shared_data, workdirs):
   pairs = blimp.read_pairs(str(shared_data / "blimp"), max_pairs_per_paradigm=20)
   assert len(pairs) == 36 * 20
-  run = blimp._load(str(workdirs[0]), None)  # One step: nearly its initialisation.
+  run = blimp.load_run(str(workdirs[0]), None)  # One step: nearly its initialisation.
   good, bad = blimp.score_pairs(run.model_cfg, run.params, run.tokenizer, pairs)
   assert 40 < blimp.aggregate(pairs, good, bad)["mean"] < 62
