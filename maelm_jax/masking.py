@@ -8,8 +8,9 @@ for the whole run. The K selected positions split into three groups of fixed siz
   * `num_random` – replaced by a random token and left in the encoder input;
   * `num_keep`   – left unchanged in the encoder input.
 
-Selection follows MAE for images: draw a uniform score per position, set the score of
-special tokens and padding to +inf, `argsort`, and take the first K. The remaining
+Selection follows MAE for images: draw a uniform score per position, give special
+tokens and padding scores above every maskable one (`_special_drop_rank`), `argsort`,
+and take the first K. The remaining
 positions are the visible ones. Each index set is sorted, so position lookups and
 relative-position buckets see ascending positions, and everything is gathered with
 `take_along_axis` (no dynamic shapes, no scatter).
@@ -22,7 +23,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.tokenizer import NUM_SPECIAL
+from maelm_jax.tokenizer import CLS_ID, NUM_SPECIAL, PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,21 @@ def maskable(input_ids: jax.Array) -> jax.Array:
   return input_ids >= NUM_SPECIAL
 
 
+def _special_drop_rank(input_ids: jax.Array) -> jax.Array:
+  """Scores of non-maskable positions, all above every maskable one's [0, 1).
+
+  They matter only in a row with fewer maskable tokens than K (the corpus's last
+  row, a run of tiny documents). MLM then selects a few specials with weight 0 and
+  leaves them visible. MAE-LM and 3ML must still remove exactly `num_mask` slots
+  (the encoder's length is static), so the order below decides what goes: padding
+  first (the encoder ignores it anyway), then separators and other specials, and
+  `[CLS]` never while anything else is left; `jnp.argsort` is stable, so ties go
+  left to right.
+  """
+  return jnp.select([input_ids == PAD_ID, input_ids == CLS_ID],
+                    [jnp.float32(2.0), jnp.float32(jnp.inf)], jnp.float32(3.0))
+
+
 def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
                mask_id: int, vocab_size: int) -> Masks:
   """Selects and corrupts positions; see the module docstring."""
@@ -90,10 +106,10 @@ def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
   score_key, token_key = jax.random.split(key)
   can_mask = maskable(input_ids)
   scores = jnp.where(can_mask, jax.random.uniform(score_key, (batch, seq_len)),
-                     jnp.inf)
+                     _special_drop_rank(input_ids))
   # The order is random among maskable positions; its first K entries are selected
   # and, in that random order, split into [MASK] / random / keep groups.
-  order = jnp.argsort(scores, axis=-1).astype(jnp.int32)
+  order = jnp.argsort(scores, axis=-1, stable=True).astype(jnp.int32)
   k, k_mask, k_random = counts.num_selected, counts.num_mask, counts.num_random
   selected_positions = jnp.sort(order[:, :k], axis=-1)
   masked_positions = jnp.sort(order[:, :k_mask], axis=-1)

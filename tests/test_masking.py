@@ -56,6 +56,33 @@ def test_short_rows_get_zero_weight_not_special_targets():
   np.testing.assert_array_equal(m.selected_weights.sum(axis=1), [5, 5, 5, 5])
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_short_rows_drop_padding_then_separators_never_cls(seed):
+  # Issue 28's row: [CLS], 11 [SEP], 3 tokens, [SEP] at L=16. 3ML removes 5 slots
+  # but only 3 are maskable; it used to remove [CLS] (position 0) as well.
+  row = np.array([2] + [3] * 11 + [7, 8, 9, 3])
+  padded = np.array([2, 7, 3, 8, 3, 9, 3] + [0] * 9)  # Enough padding to drop.
+  ids = np.stack([row, padded] * 4)
+  counts, m = draw(ids, ratio=0.5, replace=0.1, keep=0.1, drop=True, seed=seed)
+  assert counts.num_mask == 5 and counts.encoder_len == 11
+  for r in range(len(ids)):
+    dropped = set(m.masked_positions[r])
+    assert 0 in m.encoder_positions[r], f"row {r} dropped [CLS]"
+    tokens = set(np.flatnonzero(ids[r] >= 5))
+    assert tokens <= dropped  # Every real token goes before any special.
+    np.testing.assert_array_equal(
+        m.encoder_ids[r], np.take_along_axis(ids[r], m.encoder_positions[r], 0))
+  # With padding in the row, only padding leaves besides the tokens: every
+  # [SEP] and the [CLS] stay in front of the encoder.
+  for r in range(1, len(ids), 2):
+    assert (m.encoder_ids[r] == 0).sum() == 9 - 2
+    assert (m.encoder_ids[r] == 3).sum() == 3 and m.encoder_ids[r][0] == 2
+  # MLM in the same corner keeps every special visible, with weight 0.
+  _, mlm = draw(ids, ratio=0.5, replace=0.1, keep=0.1, drop=False, seed=seed)
+  specials = ids < 5
+  np.testing.assert_array_equal(mlm.encoder_ids[specials], ids[specials])
+
+
 def test_deterministic_for_a_key_and_different_across_rows_and_keys():
   ids = np.tile(random_ids(1, 64, VOCAB), (8, 1))  # Identical rows.
   _, a = draw(ids, seed=3)
