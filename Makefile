@@ -21,14 +21,23 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# Exports must load in the transformers users install today (5.x, no Flax models)
+# as well as in 4.57 (the test venv's pin): a second environment, no JAX in it,
+# that tests/test_export_hf.py drives through tests/transformers5_check.py.
+TRANSFORMERS5 := $(VENV)/transformers5
+$(TRANSFORMERS5)/.installed: $(VENV)/bin/activate
+	$(PYTHON) -m venv $(TRANSFORMERS5)
+	$(TRANSFORMERS5)/bin/python -m pip install -q torch==2.13.0 'transformers>=5,<6' safetensors tokenizers numpy
+	touch $@
+
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test $(TRANSFORMERS5)/.installed
 
 demo: install
 	$(PY) -m maelm_jax.main --config=configs/demo.py --workdir=$(WORKDIR)
 
 test: install-test
-	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+	MAELM_TRANSFORMERS5_PYTHON=$(abspath $(TRANSFORMERS5))/bin/python $(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/train_throughput.py

@@ -5,8 +5,11 @@ r"""Export a pretrained encoder as a Hugging Face transformers model directory.
 
 and then, in PyTorch (`pip install torch transformers`):
 
-  tokenizer = AutoTokenizer.from_pretrained(DIR)
+  tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)
   model = AutoModel.from_pretrained(DIR, trust_remote_code=True)
+
+(transformers 4.57 and 5.x; 5.x asks before it runs a directory's code, also for
+the tokenizer, unless `trust_remote_code=True` says yes.)
 
 What is written (the decoder of MAE-LM / 3ML is never exported; it is a
 pretraining device, dropped for fine-tuning as in the papers):
@@ -394,8 +397,7 @@ def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool) -> str:
            f"left-neighbour bigram table: "
            f"{100 * ev.get('eval/bigram_accuracy', float('nan')):.1f}%); "
            f"loss {ev['eval/mask_loss']:.3f}" if ev else "not recorded")
-  load = ("AutoModel.from_pretrained(DIR)" if kind == "roberta" else
-          "AutoModel.from_pretrained(DIR, trust_remote_code=True)")
+  remote = "" if kind == "roberta" else ", trust_remote_code=True"
   decoder = ("none (MLM)" if cfg.decoder_type == "none" else
              f"{cfg.decoder_type}-attention, {cfg.decoder_layers} layers: not exported")
   return f"""---
@@ -420,10 +422,12 @@ Pretrained with maelm-jax (JAX/Flax) and exported by
 
 ```python
 from transformers import AutoModel, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained(DIR)
-model = {load}
+tokenizer = AutoTokenizer.from_pretrained(DIR{remote})
+model = AutoModel.from_pretrained(DIR{remote})
 hidden = model(**tokenizer("A sentence.", return_tensors="pt")).last_hidden_state
 ```
+
+Tested with transformers 4.57 and 5.x (PyTorch) by maelm-jax's test suite.
 
 `reference_outputs.npz` holds a few tokenized sentences and the float32 last hidden
 states maelm-jax computes for them; a correct load matches them to about 1e-5.
@@ -542,7 +546,7 @@ def main(argv):
   out = os.path.abspath(FLAGS.out)
   remote = "" if kind == "roberta" else ", trust_remote_code=True"
   print(f"exported a {kind} encoder to {out}\n"
-        f"  AutoTokenizer.from_pretrained({out!r})\n"
+        f"  AutoTokenizer.from_pretrained({out!r}{remote})\n"
         f"  AutoModel.from_pretrained({out!r}{remote})")
 
 

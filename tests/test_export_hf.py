@@ -113,12 +113,33 @@ def check_export(out, workdir, model_class, remote):
   return model
 
 
-def test_custom_export_matches_jax_and_tokenizes_like_the_project(tmp_path):
-  """The project's default encoder (pre-LN, relative bias, tied head) through
-  trust_remote_code; hidden states, MLM logits and ids match."""
-  workdir = pretrain(tmp_path / "mlm")
-  out = tmp_path / "hf"
+@pytest.fixture(scope="module")
+def mlm_export(tmp_path_factory):
+  """The project's default encoder (pre-LN, relative bias, tied head), exported
+  with its MLM head: the remote-code kind."""
+  root = tmp_path_factory.mktemp("mlm_export")
+  workdir = pretrain(root / "mlm")
+  out = root / "hf"
   assert export_hf.export(str(workdir), str(out), with_lm_head=True) == "maelm"
+  return workdir, out
+
+
+@pytest.fixture(scope="module")
+def roberta_export(tmp_path_factory):
+  """A post-LN encoder without relative bias (untied head, BPE tokenizer): the
+  kind transformers loads as its own RoBERTa."""
+  root = tmp_path_factory.mktemp("roberta_export")
+  workdir = pretrain(root / "post", **{
+      "model.ln_type": "post", "model.relative_position_bias": False,
+      "model.tie_embeddings": False, "tokenizer.model_type": "bpe"})
+  out = root / "hf"
+  assert export_hf.export(str(workdir), str(out), with_lm_head=True) == "roberta"
+  return workdir, out
+
+
+def test_custom_export_matches_jax_and_tokenizes_like_the_project(mlm_export):
+  """Through trust_remote_code; hidden states, MLM logits and ids match."""
+  workdir, out = mlm_export
   assert {"configuration_maelm.py", "modeling_maelm.py", "model.safetensors",
           "tokenizer.json", "README.md"} <= set(os.listdir(out))
   model = check_export(str(out), workdir, "MaelmForMaskedLM", remote=True)
@@ -126,9 +147,10 @@ def test_custom_export_matches_jax_and_tokenizes_like_the_project(tmp_path):
   assert model.config.ln_type == "pre" and model.config.relative_position_bias
   card = (out / "README.md").read_text()
   assert "objective | mlm" in card and "steps | 2 of 2" in card
+  assert "transformers 4.57 and 5.x" in card
 
   # Encoder only: no head weights, and the same hidden states.
-  enc_out = tmp_path / "hf_encoder"
+  enc_out = out.parent / "hf_encoder"
   export_hf.export(str(workdir), str(enc_out))
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   names = load_file(str(enc_out / "model.safetensors")).keys()
@@ -138,19 +160,57 @@ def test_custom_export_matches_jax_and_tokenizes_like_the_project(tmp_path):
       np.load(out / "reference_outputs.npz")["last_hidden_state"])
 
 
-def test_post_ln_absolute_positions_export_as_plain_roberta(tmp_path):
-  """A post-LN encoder without relative bias (untied head, BPE tokenizer) loads as
-  transformers' own RobertaModel, no remote code."""
-  workdir = pretrain(tmp_path / "post", **{
-      "model.ln_type": "post", "model.relative_position_bias": False,
-      "model.tie_embeddings": False, "tokenizer.model_type": "bpe"})
-  out = tmp_path / "hf"
-  assert export_hf.export(str(workdir), str(out), with_lm_head=True) == "roberta"
+def test_post_ln_absolute_positions_export_as_plain_roberta(roberta_export):
+  """No remote code: transformers' own RobertaModel."""
+  workdir, out = roberta_export
   assert not (out / "modeling_maelm.py").exists()
   config = json.loads((out / "config.json").read_text())
   assert config["model_type"] == "roberta" and "auto_map" not in config
   model = check_export(str(out), workdir, "RobertaForMaskedLM", remote=False)
   assert type(model).__name__ == "RobertaModel"
+
+
+# `make test` builds a second environment with transformers 5.x (what users install
+# today) beside the test venv, which pins 4.57 (the last with Flax models).
+TRANSFORMERS5_PYTHON = os.environ.get("MAELM_TRANSFORMERS5_PYTHON", "")
+DEFAULT_TRANSFORMERS5_PYTHON = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv",
+    "transformers5", "bin", "python")
+
+
+@pytest.mark.parametrize("kind", ["mlm_export", "roberta_export"])
+def test_exports_load_in_transformers5(kind, request, tmp_path):
+  """Both kinds of export in transformers 5.x: hidden states, MLM logits (the tied
+  head still one tensor) and tokenizer ids. A list-valued `_tied_weights_keys`
+  broke 5.x's post_init for the remote-code kind."""
+  python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
+  if not os.path.exists(python):
+    if TRANSFORMERS5_PYTHON:
+      pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
+    pytest.skip(f"no transformers 5.x environment at {python}; `make test` "
+                "builds it (or set MAELM_TRANSFORMERS5_PYTHON)")
+  workdir, out = request.getfixturevalue(kind)
+  ref = np.load(out / "reference_outputs.npz")
+  _, logits = jax_outputs(workdir, ref["input_ids"])
+  np.savez(tmp_path / "expected.npz", input_ids=ref["input_ids"],
+           attention_mask=ref["attention_mask"],
+           last_hidden_state=ref["last_hidden_state"], logits=logits)
+  ours = tokenizer_lib.Tokenizer(os.path.join(workdir, "tokenizer.model"))
+  (tmp_path / "expected.json").write_text(json.dumps({
+      "remote": kind == "mlm_export",
+      "model_class": ("MaelmForMaskedLM" if kind == "mlm_export"
+                      else "RobertaForMaskedLM"),
+      "texts": TRICKY_TEXTS,
+      "ids": [[2, *ours.encode_one(t), 3] for t in TRICKY_TEXTS]}))
+  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
+  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
+                         str(tmp_path / "expected.json")],
+                        capture_output=True, text=True, timeout=600,
+                        stdin=subprocess.DEVNULL)
+  assert done.returncode == 0, done.stderr[-4000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  assert result["transformers"].startswith("5.")
+  assert result["hidden_err"] < 1e-4 and result["logits_err"] < 1e-4
 
 
 def test_mistakes_are_refused_before_anything_is_written(tmp_path):

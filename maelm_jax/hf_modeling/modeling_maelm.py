@@ -216,7 +216,9 @@ class MaelmLMHead(nn.Module):
 class MaelmForMaskedLM(MaelmPreTrainedModel):
   """Encoder + the MLM head of an MLM run (predicts the token at every position)."""
 
-  _tied_weights_keys = ["lm_head.decoder.weight"]
+  # transformers 5 reads a mapping {tied weight: its source}; 4.x iterates the
+  # keys, so the same mapping serves both (a list breaks 5.x's post_init).
+  _tied_weights_keys = {"lm_head.decoder.weight": "maelm.token_embed.weight"}
 
   def __init__(self, config):
     super().__init__(config)

@@ -1,0 +1,60 @@
+"""Loads an export in a second environment with transformers 5.x (no JAX there).
+
+  python tests/transformers5_check.py EXPORT_DIR EXPECTED.npz EXPECTED.json
+
+test_export_hf.py writes EXPECTED.npz (`input_ids`, `attention_mask`,
+`last_hidden_state`, `logits` from maelm-jax) and EXPECTED.json (`remote`,
+`model_class`, `texts`, `ids`: the project's ids for each text), then runs this
+script with the python of the environment the Makefile builds beside the test
+venv. Exit 0 and one JSON line on success; an assertion's message otherwise.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="hf_modules_"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+
+def main(out, expected_npz, expected_json):
+  want = json.loads(open(expected_json, encoding="utf-8").read())
+  ref = np.load(expected_npz)
+  kwargs = {"trust_remote_code": True} if want["remote"] else {}
+  inputs = {"input_ids": torch.tensor(ref["input_ids"]),
+            "attention_mask": torch.tensor(ref["attention_mask"])}
+  valid = ref["attention_mask"].astype(bool)
+  assert transformers.__version__.startswith("5."), transformers.__version__
+
+  model = transformers.AutoModel.from_pretrained(out, **kwargs).eval()
+  with torch.no_grad():
+    hidden = model(**inputs).last_hidden_state.numpy()
+  hidden_err = float(np.abs(hidden[valid] - ref["last_hidden_state"][valid]).max())
+  assert hidden_err < 1e-4, f"hidden states differ by {hidden_err}"
+
+  mlm = transformers.AutoModelForMaskedLM.from_pretrained(out, **kwargs).eval()
+  assert type(mlm).__name__ == want["model_class"], type(mlm).__name__
+  with torch.no_grad():
+    logits = mlm(**inputs).logits.numpy()
+  logits_err = float(np.abs(logits[valid] - ref["logits"][valid]).max())
+  assert logits_err < 1e-4, f"MLM logits differ by {logits_err}"
+  if mlm.config.tie_word_embeddings:  # One tensor, as in pretraining.
+    assert (mlm.get_output_embeddings().weight.data_ptr()
+            == mlm.get_input_embeddings().weight.data_ptr()), "head not tied"
+
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out, **kwargs)
+  for text, ids in zip(want["texts"], want["ids"]):
+    got = tokenizer(text)["input_ids"]
+    assert got == ids, f"{text!r}: {got} != {ids}"
+  print(json.dumps({"transformers": transformers.__version__,
+                    "torch": torch.__version__, "model": type(model).__name__,
+                    "hidden_err": hidden_err, "logits_err": logits_err}))
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
