@@ -146,6 +146,7 @@ def get_config(arg=None):
   # and on synthetic text, and no downstream A/B has shown it better yet
   # (benchmarks/RESULTS.md, "Untied output embedding").
   config.model.tie_embeddings = True
+  config.model.layer_norm_eps = 1e-5  # An imported BERT (import_hf) keeps 1e-12.
 
   apply_recipe(config, arg.recipe)
   config.lock()

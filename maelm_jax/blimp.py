@@ -123,9 +123,7 @@ def sentence_ids(tokenizer: tokenizer_lib.Tokenizer, sentences: Sequence[str]
 
 def word_starts(tokenizer: tokenizer_lib.Tokenizer, ids: np.ndarray) -> np.ndarray:
   """bool per position: the piece begins a word (or is a special token)."""
-  return np.asarray([int(i) < tokenizer_lib.NUM_SPECIAL or
-                     tokenizer.id_to_piece(int(i)).startswith(WORD_START)
-                     for i in ids], bool)
+  return tokenizer.word_starts(ids)
 
 
 def masked_sets(starts: np.ndarray, variant: str) -> list[tuple[int, ...]]:

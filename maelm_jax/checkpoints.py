@@ -261,7 +261,7 @@ class Pretrained:
 
   params: Any  # {'token_embed', 'encoder'} (encoder_only) or the full tree.
   model_cfg: model_lib.ModelConfig
-  tokenizer: tokenizer_lib.Tokenizer
+  tokenizer: tokenizer_lib.Tokenizer | tokenizer_lib.HFTokenizer
   config: ml_collections.ConfigDict  # The pretraining run's resolved config.
   step: int
 
@@ -278,6 +278,11 @@ def _params_metadata(workdir: str, step: int | None):
   metadata = ocp.PyTreeCheckpointer().metadata(path)
   tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata.tree
   return step, path, tree["params"]
+
+
+def saved_collections(workdir: str, step: int | None = None) -> list[str]:
+  """Top-level names of the checkpoint's params (token_embed, encoder, ...)."""
+  return sorted(_params_metadata(workdir, step)[2])
 
 
 def saved_params_scanned(workdir: str, step: int | None = None) -> bool:
@@ -299,17 +304,17 @@ def restore_params(workdir: str, step: int | None = None,
   the first differences, before any array is read.
   """
   step, path, params_meta = _params_metadata(workdir, step)
+  if collections is not None:
+    missing = [c for c in collections if c not in params_meta]
+    if missing:
+      raise KeyError(f"checkpoint {path} has no {missing}; it has {sorted(params_meta)}")
+    params_meta = {c: params_meta[c] for c in collections}
   if expected is not None:
     differences = tree_differences(params_meta, expected)
     if differences:
       raise CheckpointMismatch(
           f"{workdir} (step {step}) holds another model: " + "; ".join(differences)
           + ". Use a run of the same model (size, objective, decoder, vocabulary)")
-  if collections is not None:
-    missing = [c for c in collections if c not in params_meta]
-    if missing:
-      raise KeyError(f"checkpoint {path} has no {missing}; it has {sorted(params_meta)}")
-    params_meta = {c: params_meta[c] for c in collections}
   if shardings is None:
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
                                 params_meta)
@@ -333,8 +338,10 @@ def check_pretraining_workdir(workdir: str, step: int | None = None) -> str:
   tokenizer and a committed checkpoint (of `step`, if given); otherwise a
   message naming what is missing, for tools that read one (--workdir)."""
   workdir = os.path.abspath(workdir)
-  for name in ("config.json", tokenizer_lib.TOKENIZER_FILENAME):
-    if not os.path.isfile(os.path.join(workdir, name)):
+  for name, found in (("config.json", os.path.join(workdir, "config.json")),
+                      ("tokenizer.model (or tokenizer.json)",
+                       tokenizer_lib.workdir_tokenizer_path(workdir))):
+    if not os.path.isfile(found):
       raise FileNotFoundError(f"--workdir {workdir} has no {name}: pass the --workdir "
                               "of a maelm_jax pretraining run")
   steps = committed_steps(workdir)
@@ -366,7 +373,7 @@ def load_pretrained(workdir: str, *, encoder_only: bool = True,
                             "the --workdir of a maelm_jax pretraining run")
   with open(config_path) as f:
     config = ml_collections.ConfigDict(json.load(f))
-  tokenizer = tokenizer_lib.Tokenizer(os.path.join(workdir, "tokenizer.model"))
+  tokenizer = tokenizer_lib.open_tokenizer(tokenizer_lib.workdir_tokenizer_path(workdir))
   model_cfg = model_lib.ModelConfig.from_config(config.model, tokenizer.vocab_size,
                                                 tokenizer.mask_id)
   if scan_layers is not None:

@@ -210,6 +210,7 @@ ADDED_KEYS = {
     "model.zero_init_residual": False,
     "model.decoder_relative_position_bias": False,
     "model.tie_embeddings": True,
+    "model.layer_norm_eps": 1e-5,
     "start_over": False,
     "dry_run": False,
     "keep_final_checkpoint": False,

@@ -212,7 +212,7 @@ def hf_config(kind: str, model_cfg, with_lm_head: bool) -> dict:
       vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden,
       num_hidden_layers=model_cfg.num_layers,
       num_attention_heads=model_cfg.num_heads,
-      intermediate_size=model_cfg.mlp, layer_norm_eps=1e-5,
+      intermediate_size=model_cfg.mlp, layer_norm_eps=model_cfg.layer_norm_eps,
       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
       pad_token_id=0, bos_token_id=2, eos_token_id=3,
       tie_word_embeddings=model_cfg.tie_embeddings, torch_dtype="float32")
@@ -327,12 +327,20 @@ def fast_tokenizer(sp_model_path: str):
   return tok
 
 
-def write_tokenizer(sp_model_path: str, out: str, max_length: int) -> None:
+def write_tokenizer(tokenizer_path: str, out: str, max_length: int) -> None:
+  """The run's SentencePiece model as a fast tokenizer, or the run's own
+  tokenizer.json (an imported checkpoint's, already in the project's ids)."""
   from maelm_jax import tokenizer as tokenizer_lib
-  fast_tokenizer(sp_model_path).save(os.path.join(out, "tokenizer.json"))
-  shutil.copyfile(sp_model_path, os.path.join(out, "tokenizer.model"))
+  if tokenizer_path.endswith(".json"):
+    tokenizer = tokenizer_lib.HFTokenizer(tokenizer_path)
+    shutil.copyfile(tokenizer_path, os.path.join(out, "tokenizer.json"))
+    roles = [tokenizer.id_to_piece(i) for i in range(tokenizer_lib.NUM_SPECIAL)]
+  else:
+    fast_tokenizer(tokenizer_path).save(os.path.join(out, "tokenizer.json"))
+    shutil.copyfile(tokenizer_path, os.path.join(out, "tokenizer.model"))
+    roles = tokenizer_lib.SPECIAL_TOKENS
   names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
-                   tokenizer_lib.SPECIAL_TOKENS))
+                   roles))
   with open(os.path.join(out, "special_tokens_map.json"), "w") as f:
     json.dump(names, f, indent=2)
   with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
@@ -414,7 +422,7 @@ Pretrained with maelm-jax (JAX/Flax) and exported by
 | objective | {config.model.objective} (mask ratio {cfg.mask_ratio}, decoder {decoder}) |
 | size | {config.model.size}: {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.num_heads} heads, MLP {cfg.mlp}; {num_params:,} parameters exported |
 | layers | {cfg.ln_type}-LN, {"relative position bias + " if cfg.relative_position_bias else ""}absolute positions (up to {cfg.max_positions}) |
-| tokenizer | SentencePiece {pretrained.tokenizer.model_type}, {cfg.vocab_size} pieces |
+| tokenizer | {"SentencePiece" if pretrained.tokenizer.path.endswith(".model") else "Hugging Face"} {pretrained.tokenizer.model_type}, {cfg.vocab_size} pieces |
 | data | `{config.data.source}` |
 | steps | {pretrained.step} of {config.total_steps}, batch {config.batch_size} x {config.seq_len} tokens |
 | held-out | {score} |

@@ -153,6 +153,8 @@ class ModelConfig:
   # tiny steps, and an encoder worse than random initialisation on SST-2.
   tie_embeddings: bool = True
   mask_id: int = 4
+  # 1e-5 as RoBERTa; an imported BERT keeps its 1e-12.
+  layer_norm_eps: float = 1e-5
 
   @classmethod
   def from_config(cls, model_cfg, vocab_size: int, mask_id: int) -> "ModelConfig":
@@ -189,6 +191,7 @@ class ModelConfig:
             "decoder_relative_position_bias", False),
         tie_embeddings=model_cfg.get("tie_embeddings", True),
         mask_id=mask_id,
+        layer_norm_eps=model_cfg.get("layer_norm_eps", 1e-5),
     )
 
   def mask_counts(self, seq_len: int) -> masking.MaskCounts:
@@ -430,7 +433,7 @@ class Attention(nn.Module):
 
 
 def _layer_norm(cfg, name):
-  return nn.LayerNorm(epsilon=1e-5, dtype=cfg.dtype, name=name,
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name=name,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones,
                                                               ("norm",)),
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros,

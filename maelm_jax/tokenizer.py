@@ -22,6 +22,7 @@ only trains one when there is none yet.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+import json
 import os
 import re
 import time
@@ -127,6 +128,12 @@ class Tokenizer:
   def id_to_piece(self, token_id: int) -> str:
     return self._sp.id_to_piece(int(token_id))
 
+  def word_starts(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """bool per id: the piece begins a word (SentencePiece's "▁"), or is special."""
+    return np.asarray([int(i) < NUM_SPECIAL or
+                       self._sp.id_to_piece(int(i)).startswith(SP_WORD_START)
+                       for i in np.asarray(ids).reshape(-1)], bool)
+
   def __repr__(self) -> str:
     return f"Tokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
 
@@ -137,6 +144,236 @@ class Tokenizer:
 
   def __setstate__(self, state):
     self._init_from_proto(state["path"], state["model_proto"])
+
+
+# --------------------------------------------------------------------------
+# A Hugging Face `tokenizers` tokenizer (tokenizer.json: BPE, WordPiece, Unigram),
+# as imported checkpoints bring it. `import_hf_tokenizer` re-indexes it so that the
+# five roles sit at ids 0..4, like every tokenizer of this project.
+# --------------------------------------------------------------------------
+
+HF_TOKENIZER_FILENAME = "tokenizer.json"
+TOKENIZER_FILENAMES = (TOKENIZER_FILENAME, HF_TOKENIZER_FILENAME)
+SP_WORD_START = "\u2581"
+# The names each role goes by (BERT's, RoBERTa's / fairseq's, XLNet's).
+ROLE_NAMES = {PAD_ID: ("[PAD]", "<pad>"), UNK_ID: ("[UNK]", "<unk>"),
+              CLS_ID: ("[CLS]", "<s>", "<cls>"), SEP_ID: ("[SEP]", "</s>", "<sep>"),
+              MASK_ID: ("[MASK]", "<mask>")}
+_ROLE_KEYS = {PAD_ID: "pad_token", UNK_ID: "unk_token", CLS_ID: "cls_token",
+              SEP_ID: "sep_token", MASK_ID: "mask_token"}
+
+
+class HFTokenizer:
+  """A `tokenizers` tokenizer.json whose ids 0..4 are the five roles.
+
+  The same interface as `Tokenizer`; `model_type` is the json's model ("bpe",
+  "wordpiece", "unigram"). Make one from a checkpoint's own tokenizer.json with
+  `import_hf_tokenizer`.
+  """
+
+  pad_id = PAD_ID
+  unk_id = UNK_ID
+  cls_id = CLS_ID
+  sep_id = SEP_ID
+  mask_id = MASK_ID
+
+  def __init__(self, path: str):
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"no tokenizer.json at {path!r}")
+    with open(path, encoding="utf-8") as f:
+      self._init_from_json(path, f.read())
+
+  def _init_from_json(self, path: str, text: str) -> None:
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    self.path, self._json = path, text
+    self._tok = tokenizers.Tokenizer.from_str(text)
+    # A literal "<mask>" / "[CLS]" in a document is text, as with SentencePiece's
+    # control symbols: special tokens come only from the pipeline.
+    self._tok.encode_special_tokens = True
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    pieces = tuple(self._tok.id_to_token(i) for i in range(NUM_SPECIAL))
+    if any(p not in ROLE_NAMES[i] for i, p in enumerate(pieces)):
+      raise ValueError(
+          f"tokenizer at {path!r} has {pieces} at ids 0..{NUM_SPECIAL - 1}; this "
+          "project needs pad, unk, cls, sep, mask there. Bring a Hugging Face "
+          "checkpoint in with `python -m maelm_jax.import_hf --src=DIR "
+          "--workdir=W`, which re-indexes its tokenizer")
+    model = json.loads(text)["model"]
+    self._model_type = model["type"].lower()
+    # How a piece says "I begin a word": WordPiece marks the *other* pieces.
+    self._continuation = (model.get("continuing_subword_prefix") or "##"
+                          if self._model_type == "wordpiece" else None)
+    vocab = self._tok.get_vocab()
+    self._start = "\u0120" if sum(p.startswith("\u0120") for p in vocab) > sum(
+        p.startswith(SP_WORD_START) for p in vocab) else SP_WORD_START
+
+  @property
+  def model_type(self) -> str:
+    return self._model_type
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    if isinstance(texts, (str, bytes)):
+      raise TypeError("HFTokenizer.encode takes a list of texts; use encode_one")
+    return [e.ids for e in self._tok.encode_batch(list(texts),
+                                                  add_special_tokens=False)]
+
+  def encode_one(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size}) "
+                       f"for the tokenizer at {self.path!r}")
+    return self._tok.decode([i for i in ids if i not in (PAD_ID, CLS_ID, SEP_ID,
+                                                         MASK_ID)],
+                            skip_special_tokens=False)
+
+  def id_to_piece(self, token_id: int) -> str:
+    return self._tok.id_to_token(int(token_id))
+
+  def word_starts(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """bool per id: the piece begins a word, or is special. A piece right after a
+    special one begins a word too (byte-level BPE marks no space there)."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    starts = []
+    for n, i in enumerate(ids):
+      piece = self._tok.id_to_token(i) or ""
+      if i < NUM_SPECIAL or (n and ids[n - 1] < NUM_SPECIAL) or n == 0:
+        starts.append(True)
+      elif self._continuation is not None:
+        starts.append(not piece.startswith(self._continuation))
+      else:
+        starts.append(piece.startswith(self._start))
+    return np.asarray(starts, bool)
+
+  def __repr__(self) -> str:
+    return f"HFTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+
+  def __getstate__(self):
+    return {"path": self.path, "json": self._json}
+
+  def __setstate__(self, state):
+    self._init_from_json(state["path"], state["json"])
+
+
+def open_tokenizer(path: str) -> Tokenizer | HFTokenizer:
+  """The tokenizer at `path`: a SentencePiece `.model` or a `tokenizer.json`."""
+  return HFTokenizer(path) if os.fspath(path).endswith(".json") else Tokenizer(path)
+
+
+def own_name(path: str) -> str:
+  """The name a tokenizer file gets in a workdir: tokenizer.model / .json."""
+  return (HF_TOKENIZER_FILENAME if os.fspath(path).endswith(".json")
+          else TOKENIZER_FILENAME)
+
+
+def workdir_tokenizer_path(workdir: str) -> str:
+  """The workdir's tokenizer file (tokenizer.model or tokenizer.json); the
+  SentencePiece name when it has neither yet."""
+  for name in TOKENIZER_FILENAMES:
+    path = os.path.join(workdir, name)
+    if os.path.isfile(path):
+      return path
+  return os.path.join(workdir, TOKENIZER_FILENAME)
+
+
+def _role_names(src_dir: str) -> dict[int, str]:
+  """Each role's token name from the checkpoint's tokenizer_config.json or
+  special_tokens_map.json, where they say it."""
+  names = {}
+  for filename in ("special_tokens_map.json", "tokenizer_config.json"):
+    path = os.path.join(src_dir, filename)
+    if not os.path.isfile(path):
+      continue
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+    for role, key in _ROLE_KEYS.items():
+      value = saved.get(key)
+      if isinstance(value, dict):
+        value = value.get("content")
+      if isinstance(value, str) and role not in names:
+        names[role] = value
+  return names
+
+
+def _reindexed(node, new_id: dict[str, int]):
+  """`node` (a post-processor) with every special token's id looked up anew."""
+  if isinstance(node, list):
+    if len(node) == 2 and isinstance(node[0], str) and isinstance(node[1], int):
+      return [node[0], new_id[node[0]]]  # RobertaProcessing / BertProcessing.
+    return [_reindexed(n, new_id) for n in node]
+  if isinstance(node, dict):
+    out = {k: _reindexed(v, new_id) for k, v in node.items()}
+    if isinstance(node.get("ids"), list) and isinstance(node.get("tokens"), list):
+      out["ids"] = [new_id[t] for t in node["tokens"]]  # TemplateProcessing.
+    return out
+  return node
+
+
+def import_hf_tokenizer(src_dir: str, dst_path: str) -> np.ndarray:
+  """Writes `src_dir`'s tokenizer.json to `dst_path` with the roles at ids 0..4.
+
+  Returns `old_id`: `old_id[new]` is the id the checkpoint used for the token that
+  has id `new` now, for re-indexing embedding rows. The other tokens keep their
+  order. Raises ValueError naming a role no token plays.
+  """
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  src = os.path.join(src_dir, HF_TOKENIZER_FILENAME)
+  if not os.path.isfile(src):
+    raise FileNotFoundError(
+        f"{src_dir} has no tokenizer.json; save the checkpoint's fast tokenizer "
+        "there (AutoTokenizer.from_pretrained(...).save_pretrained(DIR))")
+  with open(src, encoding="utf-8") as f:
+    spec = json.load(f)
+  original = tokenizers.Tokenizer.from_str(json.dumps(spec))
+  vocab = original.get_vocab(with_added_tokens=True)
+  named = _role_names(src_dir)
+  roles = []
+  for role in range(NUM_SPECIAL):
+    candidates = [named[role]] if role in named else list(ROLE_NAMES[role])
+    found = [c for c in candidates if c in vocab]
+    if not found:
+      raise ValueError(
+          f"{src}: no token plays {SPECIAL_TOKENS[role]} (looked for "
+          f"{' / '.join(candidates)}); this project needs pad, unk, cls, sep and "
+          "mask tokens")
+    roles.append(found[0])
+  if len(set(roles)) < NUM_SPECIAL:
+    raise ValueError(f"{src}: one token plays two roles: {roles}")
+  by_old_id = sorted(vocab, key=vocab.get)
+  order = roles + [t for t in by_old_id if t not in roles]
+  new_id = {t: i for i, t in enumerate(order)}
+  model = spec["model"]
+  if isinstance(model["vocab"], dict):
+    model["vocab"] = {t: new_id[t] for t in sorted(model["vocab"], key=new_id.get)}
+  else:  # Unigram: a list of [piece, score], in id order.
+    scores = dict((p, sc) for p, sc in model["vocab"])
+    model["vocab"] = [[t, scores[t]] for t in order if t in scores]
+    if model.get("unk_id") is not None:
+      model["unk_id"] = new_id[by_old_id[model["unk_id"]]]
+  for added in spec.get("added_tokens") or []:
+    added["id"] = new_id[added["content"]]
+  spec["added_tokens"] = sorted(spec.get("added_tokens") or [], key=lambda a: a["id"])
+  if spec.get("post_processor"):
+    spec["post_processor"] = _reindexed(spec["post_processor"], new_id)
+  text = json.dumps(spec, ensure_ascii=False)
+  imported = tokenizers.Tokenizer.from_str(text)
+  old_id = np.asarray([vocab[t] for t in order], np.int64)
+  sample = ["Hello world, it's 1999.", "naïve café 中文 😀", "a [MASK] <mask> text"]
+  for a, b in zip(original.encode_batch(sample), imported.encode_batch(sample)):
+    if list(old_id[b.ids]) != a.ids:  # A field this function does not know.
+      raise ValueError(f"{src}: re-indexed ids disagree with the original on "
+                       f"{a.tokens}; this tokenizer.json has a layout "
+                       "import_hf does not handle")
+  tmp = f"{dst_path}.tmp-{uuid.uuid4().hex}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, dst_path)
+  HFTokenizer(dst_path)  # The roles are where the project needs them.
+  return old_id
 
 
 # Tokenizer training reads its sentences, then builds the vocabulary in C++; a
@@ -281,7 +518,7 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str, *, vocab_size: int,
   return Tokenizer(model_prefix + ".model")
 
 
-def _check_matches(tokenizer: Tokenizer, vocab_size: int,
+def _check_matches(tokenizer: Tokenizer | HFTokenizer, vocab_size: int,
                    model_type: str | None) -> Tokenizer:
   if tokenizer.vocab_size != vocab_size:
     raise ValueError(
@@ -302,7 +539,7 @@ def load_or_train_tokenizer(
     workdir: str, training_texts: Callable[[], Iterable[str]], *,
     vocab_size: int, model_type: str = "unigram", path: str | None = None,
     max_sentences: int = 2_000_000, seed: int = 0, is_writer: bool = True,
-    wait_timeout_s: float = 3600.0) -> Tokenizer:
+    wait_timeout_s: float = 3600.0) -> Tokenizer | HFTokenizer:
   """Returns the run's tokenizer: the given one, the workdir's, or a new one.
 
   Order: an explicit `path` wins; else `<workdir>/tokenizer.model` is reused
@@ -323,21 +560,24 @@ def load_or_train_tokenizer(
       `jax.process_index() == 0` so one process trains and the others wait.
     wait_timeout_s: how long a non-writer waits for the writer's file.
   """
-  if model_type not in MODEL_TYPES:
-    raise ValueError(f"tokenizer model_type={model_type!r} is not supported; "
-                     f"use one of {MODEL_TYPES} (--config.tokenizer.model_type)")
   if path:
     if not os.path.isfile(path):
       raise FileNotFoundError(
           f"--config.tokenizer.path={path!r} does not exist; point it at a "
           "tokenizer .model file (e.g. <old workdir>/tokenizer.model) or leave "
           "it empty to train one into the workdir")
-    return _check_matches(Tokenizer(path), vocab_size, model_type=None)
+    return _check_matches(open_tokenizer(path), vocab_size, model_type=None)
 
+  existing = workdir_tokenizer_path(workdir)
+  if os.path.isfile(existing):
+    logging.info("Reusing tokenizer %s", existing)
+    tokenizer = open_tokenizer(existing)
+    return _check_matches(tokenizer, vocab_size, model_type if isinstance(
+        tokenizer, Tokenizer) else None)
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"tokenizer model_type={model_type!r} is not supported; "
+                     f"use one of {MODEL_TYPES} (--config.tokenizer.model_type)")
   model_path = os.path.join(workdir, TOKENIZER_FILENAME)
-  if os.path.isfile(model_path):
-    logging.info("Reusing tokenizer %s", model_path)
-    return _check_matches(Tokenizer(model_path), vocab_size, model_type)
 
   if is_writer:
     logging.info("Training a %d-piece %s tokenizer into %s", vocab_size,

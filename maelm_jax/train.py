@@ -90,9 +90,11 @@ def prepare_workdir(config, workdir: str) -> None:
 def tokenizer_path_for(config, workdir: str) -> str | None:
   """The tokenizer a run must use: its own, else the one it was told, else the
   init_from run's; a resumed run may not swap it for another."""
-  own = os.path.join(workdir, "tokenizer.model")
   wanted = config.tokenizer.path or (
-      os.path.join(config.init_from, "tokenizer.model") if config.init_from else "")
+      tokenizer_lib.workdir_tokenizer_path(config.init_from) if config.init_from
+      else "")
+  own = (os.path.join(workdir, tokenizer_lib.own_name(wanted)) if wanted
+         else tokenizer_lib.workdir_tokenizer_path(workdir))
   if wanted and os.path.exists(own) and not filecmp.cmp(own, wanted, shallow=False):
     raise ValueError(
         f"tokenizer {wanted} differs from {own}, the tokenizer this workdir's "
@@ -210,21 +212,32 @@ def _all_processes_have(flag: bool) -> bool:
 
 
 def load_init_from(config, state, state_shardings):
-  """Params of another run (`init_from`) in this run's sharding; fresh optimizer."""
+  """Params of another run (`init_from`) in this run's sharding; fresh optimizer.
+
+  A run without a decoder (MLM, an imported checkpoint) starts a MAE-LM / 3ML
+  run's encoder and head; its decoder starts fresh."""
   scanned_here = model_lib.is_scanned(state.params)
   scanned_there = checkpoints.saved_params_scanned(config.init_from)
+  saved = checkpoints.saved_collections(config.init_from)
+  fresh = sorted(set(state.params) - set(saved))
+  if fresh != ["decoder"]:
+    fresh = []  # Anything else missing is a mismatch that restore_params names.
+  names = tuple(c for c in state.params if c not in fresh)
+  wanted = {c: state.params[c] for c in names}
   if scanned_there == scanned_here:
-    params, step = checkpoints.restore_params(config.init_from,
-                                              shardings=state_shardings.params,
-                                              expected=state.params)
+    params, step = checkpoints.restore_params(
+        config.init_from, collections=names,
+        shardings={c: state_shardings.params[c] for c in names}, expected=wanted)
   else:  # Read in the other layout (on the host), convert, place.
-    expected = jax.eval_shape(
-        lambda p: model_lib.params_for(p, scanned_there), state.params)
-    params, step = checkpoints.restore_params(config.init_from, expected=expected)
+    expected = jax.eval_shape(lambda p: model_lib.params_for(p, scanned_there), wanted)
+    params, step = checkpoints.restore_params(config.init_from, collections=names,
+                                              expected=expected)
     params = jax.device_put(model_lib.params_for(params, scanned_here),
-                            state_shardings.params)
+                            {c: state_shardings.params[c] for c in names})
+  if fresh:
+    logging.info("%s has no %s: it starts fresh", config.init_from, fresh)
   logging.info("initialised params from step %d of %s", step, config.init_from)
-  return state.replace(params=params)
+  return state.replace(params={**state.params, **params})
 
 
 # --------------------------------------------------------------------------
@@ -236,12 +249,12 @@ def describe_launch(config, workdir: str) -> list[str]:
   and the workdir's state."""
   mesh = sharding.make_mesh(config.mesh_shape)
   check_batch_fits_mesh(config, mesh)
-  own = os.path.join(workdir, "tokenizer.model")
+  own = tokenizer_lib.workdir_tokenizer_path(workdir)
   given = tokenizer_path_for(config, workdir) if os.path.isdir(workdir) else (
       config.tokenizer.path or None)
   for path in (own, given):
     if path and os.path.exists(path):
-      tokenizer = tokenizer_lib.Tokenizer(path)
+      tokenizer = tokenizer_lib.open_tokenizer(path)
       vocab, mask_id, vocab_from = tokenizer.vocab_size, tokenizer.mask_id, path
       break
   else:
@@ -324,7 +337,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
       path=tokenizer_path, max_sentences=config.tokenizer.max_sentences,
       seed=config.seed, is_writer=is_main)
-  own_tokenizer = os.path.join(workdir, "tokenizer.model")
+  own_tokenizer = (os.path.join(workdir, tokenizer_lib.own_name(tokenizer_path))
+                   if tokenizer_path else "")
   if is_main and tokenizer_path and not os.path.exists(own_tokenizer):
     shutil.copyfile(tokenizer_path, own_tokenizer)  # The workdir is self-contained.
   # Each process reads 1/process_count of the documents and needs its share of

@@ -236,6 +236,12 @@ def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: i
   return build_state(init, shardings, mesh, seed), shardings
 
 
+def init_params(model_cfg: ModelConfig, seq_len: int, rng: jax.Array):
+  """Fresh, unboxed parameters of the pretraining model (unsharded)."""
+  return nn.meta.unbox(
+      MaskedLM(model_cfg).init(rng, _dummy_masks(model_cfg, seq_len))["params"])
+
+
 def _state_init(model_cfg: ModelConfig, seq_len: int, tx):
   """(init_boxed_params(rng), init_state(seed) -> TrainState)."""
   model = MaskedLM(model_cfg)

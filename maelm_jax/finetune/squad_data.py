@@ -133,6 +133,11 @@ class _PieceTable:
   """The text of every vocabulary piece, looked up once per tokenizer."""
 
   def __init__(self, tokenizer):
+    if not tokenizer.path.endswith(".model"):
+      raise ValueError(
+          f"SQuAD's answer spans are found through SentencePiece pieces; the "
+          f"tokenizer {tokenizer.path} is a Hugging Face tokenizer.json. Fine-tune "
+          "this encoder on GLUE, or a run with a SentencePiece tokenizer on SQuAD")
     self.texts = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
 
