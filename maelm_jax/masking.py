@@ -14,6 +14,12 @@ and take the first K. The remaining
 positions are the visible ones. Each index set is sorted, so position lookups and
 relative-position buckets see ascending positions, and everything is gathered with
 `take_along_axis` (no dynamic shapes, no scatter).
+
+A deliberate difference from the official MAE-LM release (fairseq), which masks
+`int(0.15 * len + U[0, 1))` positions of each row, special tokens included: here
+every row masks exactly `round(mask_ratio * (L - 2))` positions and never a special
+token, so K (and the encoder's length under MAE-LM / 3ML) is the same for every row
+and the step compiles once.
 """
 
 from __future__ import annotations
