@@ -277,3 +277,7 @@ def test_refusals_name_the_problem_and_touch_nothing(roberta, tmp_path):
   # where a workdir's tokenizer is read, with the importer named.
   with pytest.raises(ValueError, match="import_hf"):
     tokenizer_lib.HFTokenizer(root / "src" / "tokenizer.json")
+  # SQuAD finds its spans through SentencePiece pieces: refused in one line.
+  from maelm_jax.finetune import squad_data  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="Fine-tune this encoder on GLUE"):
+    squad_data._PieceTable(tokenizer_lib.HFTokenizer(root / "w" / "tokenizer.json"))  # pylint: disable=protected-access

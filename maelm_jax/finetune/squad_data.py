@@ -133,7 +133,7 @@ class _PieceTable:
   """The text of every vocabulary piece, looked up once per tokenizer."""
 
   def __init__(self, tokenizer):
-    if not tokenizer.path.endswith(".model"):
+    if str(getattr(tokenizer, "path", "")).endswith(".json"):
       raise ValueError(
           f"SQuAD's answer spans are found through SentencePiece pieces; the "
           f"tokenizer {tokenizer.path} is a Hugging Face tokenizer.json. Fine-tune "
