@@ -364,8 +364,11 @@ def reference_outputs(model_cfg, params, tokenizer) -> dict:
   import numpy as np
   from maelm_jax import model as model_lib
   from maelm_jax.finetune import glue_data
-  longest = max(sum(len(tokenizer.encode_one(t)) + 1 for t in texts) + 1
-                for texts in REFERENCE_TEXTS)
+  # Cut to the encoder's positions as fine-tuning cuts (a small model or a fine
+  # tokenizer makes the texts longer than its position table).
+  longest = min(model_cfg.max_positions,
+                max(sum(len(tokenizer.encode_one(t)) + 1 for t in texts) + 1
+                    for texts in REFERENCE_TEXTS))
   rows = [glue_data.encode_examples([types.SimpleNamespace(texts=texts)], tokenizer,
                                     longest)[0] for texts in REFERENCE_TEXTS]
   input_ids = np.stack(rows)

@@ -170,6 +170,25 @@ def test_post_ln_absolute_positions_export_as_plain_roberta(roberta_export):
   assert type(model).__name__ == "RobertaModel"
 
 
+def test_reference_rows_fit_a_short_position_table(tmp_path):
+  """An encoder of 16 positions: the reference texts (longer, in its 600-piece
+  tokenizer) are cut as fine-tuning cuts them, and the export reproduces them; they
+  ran past the position table before."""
+  workdir = pretrain(tmp_path / "short", **{"model.max_positions": 16, "seq_len": 16})
+  out = tmp_path / "hf"
+  export_hf.export(str(workdir), str(out))
+  ref = np.load(out / "reference_outputs.npz")
+  assert ref["input_ids"].shape[1] == 16 and (ref["input_ids"][:, -1] != 0).any()
+  model = transformers.AutoModel.from_pretrained(str(out), trust_remote_code=True)
+  valid = ref["attention_mask"].astype(bool)
+  with torch.no_grad():
+    hidden = model(input_ids=torch.tensor(ref["input_ids"]),
+                   attention_mask=torch.tensor(ref["attention_mask"])
+                   ).last_hidden_state.numpy()
+  np.testing.assert_allclose(hidden[valid], ref["last_hidden_state"][valid],
+                             atol=1e-4, rtol=0)
+
+
 # `make test` builds a second environment with transformers 5.x (what users install
 # today) beside the test venv, which pins 4.57 (the last with Flax models).
 TRANSFORMERS5_PYTHON = os.environ.get("MAELM_TRANSFORMERS5_PYTHON", "")
