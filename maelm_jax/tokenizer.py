@@ -52,7 +52,29 @@ _VOCAB_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<=\s*(\d+)")
 _WAIT_POLL_S = 0.5
 
 
-class Tokenizer:
+class _ProjectIds:
+  """What every tokenizer of the project shares: the five roles at ids 0..4, and
+  the check `decode` makes of the ids it is given."""
+
+  pad_id = PAD_ID
+  unk_id = UNK_ID
+  cls_id = CLS_ID
+  sep_id = SEP_ID
+  mask_id = MASK_ID
+  path: str
+  vocab_size: int
+
+  def _printable_ids(self, ids: Iterable[int] | np.ndarray) -> list[int]:
+    """`ids` as ints, [PAD] [CLS] [SEP] [MASK] left out; out-of-range ids raise."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size}) "
+                       f"for the tokenizer at {self.path!r}")
+    return [i for i in ids if i not in (PAD_ID, CLS_ID, SEP_ID, MASK_ID)]
+
+
+class Tokenizer(_ProjectIds):
   """A SentencePiece model with [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0..4.
 
   Attributes:
@@ -60,12 +82,6 @@ class Tokenizer:
     vocab_size: number of pieces, special ones included (the embedding size).
     pad_id, unk_id, cls_id, sep_id, mask_id: 0, 1, 2, 3, 4.
   """
-
-  pad_id = PAD_ID
-  unk_id = UNK_ID
-  cls_id = CLS_ID
-  sep_id = SEP_ID
-  mask_id = MASK_ID
 
   def __init__(self, model_path: str):
     model_path = os.fspath(model_path)
@@ -115,15 +131,9 @@ class Tokenizer:
 
   def decode(self, ids: Iterable[int] | np.ndarray) -> str:
     """Text of `ids`; [PAD] [CLS] [SEP] [MASK] are dropped, [UNK] shows as ⁇."""
-    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-    bad = [i for i in ids if not 0 <= i < self.vocab_size]
-    if bad:
-      raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size}) "
-                       f"for the tokenizer at {self.path!r}")
     # SentencePiece already renders control pieces as ""; the explicit filter
     # keeps that guarantee independent of the library's behaviour.
-    return self._sp.decode(
-        [i for i in ids if i not in (PAD_ID, CLS_ID, SEP_ID, MASK_ID)])
+    return self._sp.decode(self._printable_ids(ids))
 
   def id_to_piece(self, token_id: int) -> str:
     return self._sp.id_to_piece(int(token_id))
@@ -163,19 +173,13 @@ _ROLE_KEYS = {PAD_ID: "pad_token", UNK_ID: "unk_token", CLS_ID: "cls_token",
               SEP_ID: "sep_token", MASK_ID: "mask_token"}
 
 
-class HFTokenizer:
+class HFTokenizer(_ProjectIds):
   """A `tokenizers` tokenizer.json whose ids 0..4 are the five roles.
 
   The same interface as `Tokenizer`; `model_type` is the json's model ("bpe",
   "wordpiece", "unigram"). Make one from a checkpoint's own tokenizer.json with
   `import_hf_tokenizer`.
   """
-
-  pad_id = PAD_ID
-  unk_id = UNK_ID
-  cls_id = CLS_ID
-  sep_id = SEP_ID
-  mask_id = MASK_ID
 
   def __init__(self, path: str):
     path = os.fspath(path)
@@ -222,14 +226,7 @@ class HFTokenizer:
     return self._tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids: Iterable[int] | np.ndarray) -> str:
-    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-    bad = [i for i in ids if not 0 <= i < self.vocab_size]
-    if bad:
-      raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size}) "
-                       f"for the tokenizer at {self.path!r}")
-    return self._tok.decode([i for i in ids if i not in (PAD_ID, CLS_ID, SEP_ID,
-                                                         MASK_ID)],
-                            skip_special_tokens=False)
+    return self._tok.decode(self._printable_ids(ids), skip_special_tokens=False)
 
   def id_to_piece(self, token_id: int) -> str:
     return self._tok.id_to_token(int(token_id))
