@@ -250,6 +250,7 @@ def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,
                              text_field=data.text_field,
                              tfds_data_dir=data.tfds_data_dir or None,
                              on_bad_text=data.get("on_bad_text", "warn"))
+  text = text.as_text()  # Each run tokenizes with its own tokenizer.
   rows = [read_rows(text, run.tokenizer, seq_len, num_tokens) for run in runs]
   results = {"source": f"{source} (held-out split)", "seq_len": seq_len,
              "num_tokens": num_tokens, "definitions": DEFINITIONS,

@@ -31,6 +31,8 @@ def _key(text: str) -> bytes:
 def report(source, tokenizer, max_documents: int = 20_000) -> dict:
   """Statistics of `source` (a `sources.DocumentSource`) from up to
   `max_documents` documents taken at even strides across it."""
+  if getattr(source, "token_ids_tokenizer", None):
+    source = source.as_text()  # Words and lines, not ids.
   num_docs = len(source)
   if num_docs == 0:
     raise ValueError(f"{source!r} has no documents")

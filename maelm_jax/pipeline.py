@@ -52,20 +52,30 @@ _PREFETCH_CHUNKS = 4
 _MAX_EMPTY_CHUNKS = 10_000
 
 
+def document_ids(tokenizer: tokenizer_lib.Tokenizer,
+                 documents: Sequence[str] | Sequence[np.ndarray]):
+  """Token ids of each document: text is encoded, and a corpus prepared as
+  token ids (`prepare_data --tokenizer`) is used as it is."""
+  if documents and not isinstance(documents[0], str):
+    return documents
+  return tokenizer.encode(documents)
+
+
 class TokenizeDocuments(grain.transforms.Map):
   """A list of documents -> one int32 stream chunk `d1 [SEP] d2 [SEP] ...`.
 
   Documents that tokenize to nothing are skipped (they would only add a
-  second [SEP]); the chunk may therefore be empty.
+  second [SEP]); the chunk may therefore be empty. Documents prepared as token
+  ids skip tokenization.
   """
 
   def __init__(self, tokenizer: tokenizer_lib.Tokenizer):
     self._tokenizer = tokenizer
 
-  def map(self, documents: Sequence[str]) -> np.ndarray:
+  def map(self, documents: Sequence[str] | Sequence[np.ndarray]) -> np.ndarray:
     stream: list[int] = []
-    for ids in self._tokenizer.encode(documents):
-      if ids:
+    for ids in document_ids(self._tokenizer, documents):
+      if len(ids):
         stream.extend(ids)
         stream.append(self._tokenizer.sep_id)
     return np.asarray(stream, dtype=np.int32)
@@ -323,7 +333,8 @@ def estimate_num_sequences(source, tokenizer: tokenizer_lib.Tokenizer,
   indices = list(indices)
   for start in range(0, len(indices), chunk):
     texts = [source[int(i)] for i in indices[start:start + chunk]]
-    stream_len += sum(len(ids) + 1 for ids in tokenizer.encode(texts) if ids)
+    stream_len += sum(len(ids) + 1 for ids in document_ids(tokenizer, texts)
+                      if len(ids))
   if len(indices) < num_docs:
     stream_len = math.floor(stream_len * num_docs / max(1, len(indices)))
   return stream_len // (seq_len - 2)
@@ -338,6 +349,8 @@ def training_texts(source, max_chars: int = 50_000_000, seed: int = 0
   characters have been yielded, so a huge corpus contributes a sample spread
   across all of it rather than its first files.
   """
+  if getattr(source, "token_ids_tokenizer", None):
+    source = source.as_text()
   num_docs = len(source)
   total = 0
   for i in range(num_docs):

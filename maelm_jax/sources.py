@@ -11,8 +11,14 @@ source whose elements are documents (whitespace-normalised `str`). Spec forms:
   tfds:<name>[/<config>][:<version>]
                             a TFDS dataset prepared as ArrayRecord, read with
                             `tfds.data_source` (no TensorFlow needed).
+  arrayrecord:<dir>[,...]   a corpus prepared by `python -m maelm_jax.prepare_data`
+                            (or a glob of its shards): read lazily by record,
+                            as text or as token ids (see `prepared.py`).
   pydoc:                    the English documentation CPython ships in
                             `pydoc_data.topics` (a small always-available corpus).
+
+`parquet:<glob>` and `hfdisk:<dir>` are inputs of `prepare_data` only: a
+training run is told to prepare them first.
 
 Held-out split: a corpus without its own validation split is divided by document
 index, document i going to "eval" iff i % stride == stride // 2 with
@@ -22,7 +28,8 @@ every restart agrees on them without storing anything.
 
 `text:` and `pydoc:` corpora are read into memory once per process (as one
 UTF-8 blob, ~1x the text size); that suits corpora up to a few GB. Larger ones
-belong in a TFDS ArrayRecord dataset, which is read lazily by record.
+belong in ArrayRecord (`arrayrecord:` after `prepare_data`, or a TFDS dataset),
+which is read lazily by record: memory flat in the corpus size.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ _SPEC_HELP = (
     "  text:<glob>[,<glob>...]   e.g. text:/data/books/*.txt.xz,/data/web/*.jsonl.gz\n"
     "  tfds:<name>[/<config>][:<version>]   e.g. tfds:wikipedia/20230601.en or "
     "tfds:c4/en:3.1.0\n"
+    "  arrayrecord:<dir>          a corpus prepared by python -m "
+    "maelm_jax.prepare_data --out=<dir>\n"
     "  pydoc:                    the English docs shipped with CPython (default)")
 
 _GUTENBERG_START = re.compile(r"^\s*\*{3}\s*START OF\b", re.IGNORECASE)
@@ -164,6 +173,21 @@ class _TfdsTexts:
     return self._text(self._data_source[index])
 
 
+class _DecodedDocuments:
+  """Token-id documents as text, decoded by the tokenizer they were made with."""
+
+  def __init__(self, documents: _Documents, tokenizer_path: str):
+    from maelm_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+    self._documents = documents
+    self._tokenizer = tokenizer_lib.open_tokenizer(tokenizer_path)
+
+  def __len__(self) -> int:
+    return len(self._documents)
+
+  def __getitem__(self, index: int) -> str:
+    return self._tokenizer.decode(self._documents[index])
+
+
 # --------------------------------------------------------------------------
 # The grain data source.
 
@@ -192,6 +216,21 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
 
   def __len__(self) -> int:
     return self._len
+
+  @property
+  def token_ids_tokenizer(self) -> str | None:
+    """For a corpus prepared as token ids, the tokenizer file they come from
+    (its documents are int32 arrays); None for text."""
+    return getattr(self._documents, "tokenizer_path", None)
+
+  def as_text(self) -> "DocumentSource":
+    """This split with every document as text (token ids decoded by their own
+    tokenizer): for the readers that need words, not the pretraining rows."""
+    if self.token_ids_tokenizer is None:
+      return self
+    return DocumentSource(_DecodedDocuments(self._documents, self.token_ids_tokenizer),
+                          description=self._description, split=self._split,
+                          stride=self._stride)
 
   def _corpus_index(self, index: int) -> int:
     index = int(index)
@@ -494,7 +533,8 @@ def open_source(spec: str, split: str, *, eval_fraction: float = 0.01,
   """Opens split `split` ("train" or "eval") of the corpus named by `spec`.
 
   Args:
-    spec: "text:<glob>[,...]", "tfds:<name>[/<config>][:<version>]" or "pydoc:".
+    spec: "text:<glob>[,...]", "tfds:<name>[/<config>][:<version>]",
+      "arrayrecord:<dir>[,...]" or "pydoc:".
     split: "train" or "eval" (held out; see the module docstring).
     eval_fraction: fraction of documents held out when the corpus has no
       validation split of its own.
@@ -520,6 +560,18 @@ def open_source(spec: str, split: str, *, eval_fraction: float = 0.01,
     documents, description = _text_documents(rest.strip(), text_field, on_bad_text)
     source = DocumentSource(documents, description=description, split=split,
                             stride=stride)
+  elif scheme == "arrayrecord" and sep and rest.strip():
+    from maelm_jax import prepared  # pylint: disable=g-import-not-at-top
+    documents = prepared.PreparedDocuments(rest.strip())
+    description = (f"arrayrecord:{rest.strip()} ({len(documents.paths)} shards, "
+                   f"{documents.format}, sha256 {documents.checksum[:16]})")
+    source = DocumentSource(documents, description=description, split=split,
+                            stride=stride)
+  elif scheme in ("parquet", "hfdisk") and sep and rest.strip():
+    raise ValueError(
+        f"{scheme}: corpora are read after one preparation step: `python -m "
+        f"maelm_jax.prepare_data --source={spec} --out=DIR`, then "
+        "--config.data.source=arrayrecord:DIR")
   elif scheme == "pydoc" and not rest.strip():
     documents, description = _pydoc_documents()
     source = DocumentSource(documents, description=description, split=split,

@@ -56,7 +56,7 @@ def check_corpus_fills_a_batch(source, tokenizer, seq_len, batch_size, what) -> 
   have = 0
   for start in range(0, len(source), 256):
     docs = [source[i] for i in range(start, min(start + 256, len(source)))]
-    have += sum(len(ids) + 1 for ids in tokenizer.encode(docs))
+    have += sum(len(ids) + 1 for ids in pipeline.document_ids(tokenizer, docs))
     if have >= needed:
       return
   raise ValueError(
@@ -87,12 +87,19 @@ def prepare_workdir(config, workdir: str) -> None:
           "to resume this run with the new values anyway.")
 
 
-def tokenizer_path_for(config, workdir: str) -> str | None:
+def tokenizer_path_for(config, workdir: str,
+                       corpus_tokenizer: str | None = None) -> str | None:
   """The tokenizer a run must use: its own, else the one it was told, else the
-  init_from run's; a resumed run may not swap it for another."""
+  init_from run's, else the one a token-id corpus was prepared with (which any
+  other must equal); a resumed run may not swap it for another."""
   wanted = config.tokenizer.path or (
       tokenizer_lib.workdir_tokenizer_path(config.init_from) if config.init_from
-      else "")
+      else "") or corpus_tokenizer or ""
+  if corpus_tokenizer and not filecmp.cmp(wanted, corpus_tokenizer, shallow=False):
+    raise ValueError(
+        f"{config.data.source} holds token ids of {corpus_tokenizer}, but this run "
+        f"uses {wanted}; drop --config.tokenizer.path (the corpus's tokenizer is "
+        "used), or prepare the corpus with --tokenizer=" + wanted)
   own = (os.path.join(workdir, tokenizer_lib.own_name(wanted)) if wanted
          else tokenizer_lib.workdir_tokenizer_path(workdir))
   if wanted and os.path.exists(own) and not filecmp.cmp(own, wanted, shallow=False):
@@ -331,7 +338,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                        on_bad_text=config.data.get("on_bad_text", "warn"))
   train_source = sources.open_source(config.data.source, "train", **source_kwargs)
   eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
-  tokenizer_path = tokenizer_path_for(config, workdir)
+  tokenizer_path = tokenizer_path_for(config, workdir,
+                                      train_source.token_ids_tokenizer)
   tokenizer = tokenizer_lib.load_or_train_tokenizer(
       workdir, lambda: pipeline.training_texts(train_source),
       vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
