@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from absl import flags
+from absl import logging
 import grain
 import numpy as np
 
@@ -345,20 +346,26 @@ def training_texts(source, max_chars: int = 50_000_000, seed: int = 0
   """Documents for tokenizer training: a seeded permutation, up to `max_chars`.
 
   Walks the source in a pseudo-random order (grain's O(1)-memory index
-  shuffle, so it works for corpora of any size) and stops once `max_chars`
-  characters have been yielded, so a huge corpus contributes a sample spread
-  across all of it rather than its first files.
+  shuffle, so it works for corpora of any size, lazily read ones included) and
+  stops once `max_chars` characters have been yielded, so a huge corpus
+  contributes a sample spread across all of it rather than its first files:
+  each file of a multi-glob spec in proportion to its documents. The sample's
+  size is logged.
   """
   if getattr(source, "token_ids_tokenizer", None):
     source = source.as_text()
   num_docs = len(source)
-  total = 0
+  total = taken = 0
   for i in range(num_docs):
     if total >= max_chars:
-      return
+      break
     index = i if num_docs == 1 else grain.experimental.index_shuffle(
         i, max_index=num_docs - 1, seed=seed, rounds=4)
     text = source[int(index)]
     if text:
       total += len(text)
+      taken += 1
       yield text
+  logging.info("tokenizer training sample: %s documents (%s characters) of %s, "
+               "drawn uniformly at random (seed %d)", f"{taken:,}", f"{total:,}",
+               f"{num_docs:,}", seed)

@@ -5,11 +5,13 @@ One test, three runs (one test so that pytest-xdist never runs them twice):
   A  launch/local.sh --num_processes=2 --devices_per_process=4, 6 steps: the JAX
      coordination service on 127.0.0.1, gloo collectives between the processes,
      process 0 training the tokenizer while process 1 waits for it, each
-     process reading its own data, one metrics.jsonl, checkpoints from both;
+     process reading its own share of an `arrayrecord:` corpus (pydoc prepared
+     by prepare_data), one metrics.jsonl, checkpoints from both;
   B  the same launch with total_steps=9 on A's workdir: resumes at step 6 and
      logs steps 7..9 only;
   R  one process with 8 devices (`JAX_NUM_CPU_DEVICES=8 python -m maelm_jax.main`),
-     9 steps, uninterrupted, into its own workdir (run alongside B).
+     9 steps, uninterrupted, into its own workdir (run alongside B), reading
+     `pydoc:` from memory.
 
 A's losses at steps 1..6 and B's at 7..9 must equal R's (rtol 1e-5): the same
 global batches (data.num_streams=2 makes them independent of the process count),
@@ -27,6 +29,8 @@ import time
 
 import numpy as np
 import pytest
+
+from maelm_jax import prepare_data
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "launch" / "local.sh"
@@ -109,9 +113,15 @@ class Run:
     return self.output()
 
 
-def launch_two_processes(name, workdir, total_steps, out_dir):
+def with_source(args, source):
+  return [f"--config.data.source={source}" if a.startswith("--config.data.source=")
+          else a for a in args]
+
+
+def launch_two_processes(name, workdir, total_steps, out_dir, source=None):
+  args = with_source(COMMON_ARGS, source) if source else COMMON_ARGS
   cmd = ["bash", str(LOCAL_SH), "--num_processes=2", "--devices_per_process=4", "--",
-         *COMMON_ARGS, f"--config.total_steps={total_steps}", f"--workdir={workdir}"]
+         *args, f"--config.total_steps={total_steps}", f"--workdir={workdir}"]
   return Run(name, cmd, clean_env(), out_dir / f"{name}.out", launcher=True)
 
 
@@ -137,10 +147,16 @@ def checkpoint_steps(workdir):
 
 def test_two_processes_match_one_process_and_resume(tmp_path):
   two, one = tmp_path / "two_processes", tmp_path / "one_process"
+  # A and B read the pydoc corpus prepared as ArrayRecord shards (each process
+  # its own share, lazily), R reads it from memory: equal losses mean the same
+  # documents in the same order, dealt to the same streams.
+  prepared_dir = tmp_path / "pydoc_prepared"
+  prepare_data.prepare("pydoc:", str(prepared_dir), records_per_shard=500)
+  source = f"arrayrecord:{prepared_dir}"
   runs = []
   try:
     # ------------------------------------------------ A: 2 processes, 6 steps --
-    run_a = launch_two_processes("A", two, 6, tmp_path)
+    run_a = launch_two_processes("A", two, 6, tmp_path, source)
     runs.append(run_a)
     out_a = run_a.finish()
     records_a = read_metrics(two)
@@ -157,7 +173,7 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
     assert "distributed: process 1 of 2" not in out_a  # Process 1 only to its log.
 
     # -------------- B (resume, 2 processes) and R (1 process x 8), side by side --
-    run_b = launch_two_processes("B", two, 9, tmp_path)
+    run_b = launch_two_processes("B", two, 9, tmp_path, source)
     runs.append(run_b)
     # R uses A's tokenizer: the comparison is about distribution, not about
     # SentencePiece training being bit-reproducible.
