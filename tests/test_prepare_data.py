@@ -378,3 +378,20 @@ def test_tokenizer_sample_mixes_files_by_size(tmp_path):
   small = sum(t.startswith("small") for t in sample)
   assert 220 <= len(sample) <= 250  # ~13 characters a document.
   assert 0.05 < small / len(sample) < 0.17  # 10% of the documents are small's.
+
+
+def test_a_tfds_corpus_in_blocks_of_records(tmp_path):
+  """tfds: inputs are cut into shards of --records_per_shard records; the
+  prepared corpus holds the non-empty documents in the dataset's order."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  with tfds.testing.mock_data(num_examples=25):
+    source = sources.open_source("tfds:c4/en:3.1.0", "train", eval_fraction=0.5)
+    expected = [d for d in (source._documents[i] for i in range(25)) if d]  # pylint: disable=protected-access
+    metadata = prepare_data.prepare("tfds:c4/en:3.1.0", str(tmp_path / "out"),
+                                    records_per_shard=10)
+  assert [s["documents"] for s in metadata["shards"]][:2] == [
+      sum(1 for i in range(10) if source._documents[i]),  # pylint: disable=protected-access
+      sum(1 for i in range(10, 20) if source._documents[i])]  # pylint: disable=protected-access
+  assert len(metadata["shards"]) == 3
+  documents = prepared.PreparedDocuments(str(tmp_path / "out"))
+  assert [documents[i] for i in range(len(documents))] == expected
