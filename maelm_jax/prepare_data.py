@@ -603,7 +603,11 @@ def _run_jobs(pending: list[Job], done: dict[int, dict], units: list[Unit],
         on_report(reports.get())
       for index, result in list(remaining.items()):
         if result.ready():
-          part = result.get()  # Re-raises a worker's error here.
+          try:
+            part = result.get()  # A worker's error, raised again here ...
+          except errors.USER_ERROR_TYPES as error:
+            # ... as the one-line message it is (its traceback is the pool's).
+            raise type(error)(*error.args) from None
           done[index] = part
           del remaining[index]
           on_report((index, part["documents"], part["text_bytes"], 1.0), force=True)
@@ -663,13 +667,18 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   FLAGS = flags.FLAGS
-  metadata = errors.one_line_errors(
-      prepare, FLAGS.source, FLAGS.out, text_field=FLAGS.text_field,
-      tokenizer_path=FLAGS.tokenizer, workers=FLAGS.workers,
-      on_bad_text=FLAGS.on_bad_text, eval_fraction=FLAGS.eval_fraction,
-      tfds_data_dir=FLAGS.tfds_data_dir, records_per_shard=FLAGS.records_per_shard,
-      verify=FLAGS.verify, verbose=FLAGS.verbose,
-      command=" ".join(["python -m maelm_jax.prepare_data"] + sys.argv[1:]))
+  try:
+    metadata = errors.one_line_errors(
+        prepare, FLAGS.source, FLAGS.out, text_field=FLAGS.text_field,
+        tokenizer_path=FLAGS.tokenizer, workers=FLAGS.workers,
+        on_bad_text=FLAGS.on_bad_text, eval_fraction=FLAGS.eval_fraction,
+        tfds_data_dir=FLAGS.tfds_data_dir, records_per_shard=FLAGS.records_per_shard,
+        verify=FLAGS.verify, verbose=FLAGS.verbose,
+        command=" ".join(["python -m maelm_jax.prepare_data"] + sys.argv[1:]))
+  except KeyboardInterrupt:
+    sys.stderr.write("stopped; finished shards are kept and the same command "
+                     "resumes\n")
+    sys.exit(130)
   print(f"{FLAGS.out}: {metadata['documents']:,} documents, "
         f"{metadata['text_bytes'] / 1e6:,.1f} MB of text in "
         f"{len(metadata['shards'])} shards ({metadata['format']}); train with "

@@ -395,3 +395,17 @@ def test_a_tfds_corpus_in_blocks_of_records(tmp_path):
   assert len(metadata["shards"]) == 3
   documents = prepared.PreparedDocuments(str(tmp_path / "out"))
   assert [documents[i] for i in range(len(documents))] == expected
+
+
+def test_a_bad_line_stops_it_and_the_fixed_file_is_redone(tmp_path):
+  """A worker's error reaches the user as its own message; after the file is
+  fixed, the same command keeps the finished shard and redoes the changed one."""
+  (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n')
+  (tmp_path / "b.jsonl").write_text('{"text": "fine too"}\nnot json\n')
+  spec, out = f"text:{tmp_path}/*.jsonl", tmp_path / "out"
+  with pytest.raises(ValueError, match=r"b.jsonl:2 is not valid JSON"):
+    prepare_data.prepare(spec, str(out), workers=2)
+  (tmp_path / "b.jsonl").write_text('{"text": "fine too"}\n{"text": "fixed"}\n')
+  prepare_data.prepare(spec, str(out), workers=2)
+  documents = prepared.PreparedDocuments(str(out))
+  assert [documents[i] for i in range(len(documents))] == ["fine", "fine too", "fixed"]
