@@ -1,14 +1,20 @@
 """Orbax checkpoints: the manager of a run, and loading another run's encoder.
 
 A checkpoint step directory holds two items: `state` (the `TrainState`: params,
-optimizer state, step, rng) and `data` (the grain iterator state).
+optimizer state, step, rng) and `data` (the grain iterator state), and, once
+committed, `maelm_checksums.json` (every file's size and SHA-256): a restore
+verifies them, so a checkpoint corrupted silently (flipped bits that still
+read) is quarantined like one that fails to read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
 import json
 import os
+import shutil
 from typing import Any
 
 from absl import logging
@@ -19,7 +25,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from maelm_jax import model as model_lib, tokenizer as tokenizer_lib
+from maelm_jax import errors, model as model_lib, tokenizer as tokenizer_lib
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -104,6 +110,131 @@ def tree_differences(saved, wanted, limit: int = 4) -> list[str]:
   return out
 
 
+# --------------------------------------------------------------------------
+# Checksums and a full disk.
+
+CHECKSUM_FILE = "maelm_checksums.json"
+
+
+class CorruptCheckpoint(ValueError):
+  """A committed checkpoint whose files no longer match their checksums."""
+
+
+DiskFull = errors.DiskFull
+
+
+def _step_files(step_dir: str) -> dict[str, int]:
+  """{path relative to the step directory: size} of its files, checksum file aside."""
+  files = {}
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      path = os.path.join(root, name)
+      relative = os.path.relpath(path, step_dir)
+      if relative != CHECKSUM_FILE:
+        files[relative] = os.path.getsize(path)
+  return files
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 22):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def record_checksums(step_dir: str) -> None:
+  """Writes the size and SHA-256 of every file of a committed step beside them,
+  atomically (a step without the file is simply not verified)."""
+  sums = {name: [size, _sha256(os.path.join(step_dir, name))]
+          for name, size in sorted(_step_files(step_dir).items())}
+  tmp = os.path.join(step_dir, CHECKSUM_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump(sums, f, indent=0)
+  os.replace(tmp, os.path.join(step_dir, CHECKSUM_FILE))
+
+
+def verify_checksums(step_dir: str, *, full: bool = True) -> None:
+  """Raises `CorruptCheckpoint` naming the first file that is missing, of
+  another size or (with `full`) of another SHA-256 than when it was committed."""
+  path = os.path.join(step_dir, CHECKSUM_FILE)
+  if not os.path.exists(path):
+    return  # Saved before checksums, or killed before they were recorded.
+  with open(path) as f:
+    try:
+      sums = json.load(f)
+    except ValueError:
+      raise CorruptCheckpoint(f"{path} is not JSON") from None
+  present = _step_files(step_dir)
+  for name, (size, sha) in sums.items():
+    if name not in present:
+      raise CorruptCheckpoint(f"{os.path.join(step_dir, name)} is missing")
+    if present[name] != size:
+      raise CorruptCheckpoint(f"{os.path.join(step_dir, name)} is {present[name]} "
+                              f"bytes, {size} when committed")
+    if full and _sha256(os.path.join(step_dir, name)) != sha:
+      raise CorruptCheckpoint(f"{os.path.join(step_dir, name)} has changed since it "
+                              "was committed (SHA-256 differs): silent corruption")
+
+
+def is_disk_full(error: BaseException) -> bool:
+  text = f"{type(error).__name__}: {error}"
+  return (getattr(error, "errno", None) == errno.ENOSPC or "No space left" in text
+          or "RESOURCE_EXHAUSTED" in text)
+
+
+def disk_full_message(directory: str) -> str:
+  """What a user needs when a save fails for space: the disk, what is free, what
+  a checkpoint takes, and that the same command resumes."""
+  usage = shutil.disk_usage(directory)
+  committed = [d for d in (os.path.join(directory, n) for n in os.listdir(directory)
+                           if n.isdigit()) if is_committed(d)]
+  newest = max(committed, key=lambda d: int(os.path.basename(d)), default=None)
+  need = sum(_step_files(newest).values()) if newest else 0
+  resume = (f"it resumes from step {os.path.basename(newest)}, the newest complete "
+            "checkpoint, which is intact" if newest else "no checkpoint was completed")
+  return (f"no space left on the disk of {directory} ({usage.free / 2**20:,.0f} MB free "
+          f"of {usage.total / 2**20:,.0f} MB); a checkpoint of this run takes "
+          f"{need / 2**20:,.0f} MB, and a save needs room for it beside the previous "
+          f"one. Free space or move the workdir, then run the same command: {resume}")
+
+
+class Manager(ocp.CheckpointManager):
+  """Orbax's manager, plus: the checksums of every step it commits (process 0
+  writes them once the step is final, before the next save starts or at the
+  end), and a full disk said in one line instead of orbax's traceback."""
+
+  def _record_new_checksums(self) -> None:
+    if jax.process_index() != 0:
+      return
+    for step in self.all_steps():
+      step_dir = os.path.join(str(self.directory), str(step))
+      if is_committed(step_dir) and not os.path.exists(
+          os.path.join(step_dir, CHECKSUM_FILE)):
+        record_checksums(step_dir)
+
+  def _said_plainly(self, fn, *args, **kwargs):
+    try:
+      return fn(*args, **kwargs)
+    except Exception as error:  # pylint: disable=broad-except
+      chain, cause = [], error
+      while cause is not None and len(chain) < 20:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+      if any(is_disk_full(e) for e in chain):
+        raise DiskFull(disk_full_message(str(self.directory))) from None
+      raise
+
+  def save(self, *args, **kwargs):
+    self._said_plainly(super().wait_until_finished)
+    self._said_plainly(self._record_new_checksums)
+    return self._said_plainly(super().save, *args, **kwargs)
+
+  def wait_until_finished(self):
+    self._said_plainly(super().wait_until_finished)
+    self._said_plainly(self._record_new_checksums)
+
+
 def make_manager(workdir: str, config,
                  item_names=("state", "data")) -> ocp.CheckpointManager:
   """Async saves; keeps the last `keep_checkpoints` plus every
@@ -115,8 +246,7 @@ def make_manager(workdir: str, config,
       keep_period=config.get("checkpoint_keep_period", 0) or None,
       enable_async_checkpointing=True,
       cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(checkpoint_dir(workdir), item_names=item_names,
-                               options=options)
+  return Manager(checkpoint_dir(workdir), item_names=item_names, options=options)
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_iterator) -> None:
@@ -206,6 +336,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, abstract_state,
   for step in sorted(manager.all_steps(), reverse=True):
     step_dir = os.path.join(str(manager.directory), str(step))
     try:
+      verify_checksums(step_dir)  # Silent corruption reads, but not as saved.
       saved_tree = _tree_metadata(os.path.join(step_dir, "state"))
       _read_aux_state(step_dir, aux_item)
       read_error = None

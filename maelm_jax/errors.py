@@ -15,11 +15,16 @@ import traceback
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
+class DiskFull(OSError):
+  """A write failed for want of space; the message names the disk, what is free
+  and needed, and that the same command resumes."""
+
+
 # The types the project's own checks raise; raised from inside maelm_jax they are
 # a message for the user (what is wrong, the fix), not a bug.
 USER_ERROR_TYPES = (ValueError, FileNotFoundError, PermissionError, KeyError,
                     FloatingPointError, TimeoutError, IsADirectoryError,
-                    FileExistsError, RuntimeError)
+                    FileExistsError, RuntimeError, DiskFull)
 
 
 def is_user_error(error: BaseException) -> bool:

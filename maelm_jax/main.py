@@ -47,11 +47,24 @@ def parse_flags(argv):
     sys.exit(2)
 
 
+def _says_disk_full(record) -> bool:
+  texts = [record.getMessage()]
+  error = record.exc_info[1] if record.exc_info else None
+  while error is not None and len(texts) < 20:
+    texts.append(str(error))
+    error = error.__cause__ or error.__context__
+  return any("No space left on device" in t for t in texts)
+
+
 class _QuietLibraries(pylogging.Filter):
-  """Orbax and grain log every file they touch at INFO; keep their warnings."""
+  """Orbax and grain log every file they touch at INFO; keep their warnings,
+  except orbax's tracebacks of a full disk, which the run says in one line
+  (checkpoints.DiskFull)."""
 
   def filter(self, record):
     noisy = any(name in record.pathname for name in ("/orbax/", "/grain/"))
+    if noisy and "/orbax/" in record.pathname and _says_disk_full(record):
+      return False
     return record.levelno >= pylogging.WARNING or not noisy
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import shutil
 
 from absl import logging
+
+from maelm_jax import errors
 
 
 class MetricWriter:
@@ -28,19 +32,53 @@ class MetricWriter:
       return
     record = {"step": int(step)}
     record.update({k: float(v) for k, v in metrics.items()})
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
+    start = self._jsonl.tell()
+    try:
+      self._jsonl.write(json.dumps(record) + "\n")
+      self._jsonl.flush()
+    except OSError as error:
+      # Never leave half a line: cut the file back to the last whole record.
+      # The step's state is in memory and its checkpoint on its own schedule;
+      # the run stops here, and the same command redoes the steps after the
+      # newest checkpoint, logging each of them once.
+      self._jsonl = _reopen_truncated(self._jsonl, start)
+      where = os.path.dirname(self._jsonl.name)
+      if error.errno == errno.ENOSPC:
+        usage = shutil.disk_usage(where)
+        raise errors.DiskFull(
+            f"no space left on the disk of {where} while logging step {step} to "
+            f"metrics.jsonl ({usage.free / 2**20:,.0f} MB free); free space, then "
+            "run the same command: it resumes from the newest checkpoint") from None
+      raise
     if self._tb is not None:
-      for key, value in metrics.items():
-        if math.isfinite(float(value)):
-          self._tb.add_scalar(key, float(value), int(step))
-      self._tb.flush()
+      try:
+        for key, value in metrics.items():
+          if math.isfinite(float(value)):
+            self._tb.add_scalar(key, float(value), int(step))
+        self._tb.flush()
+      except Exception as error:  # pylint: disable=broad-except
+        # TensorBoard events are a view of metrics.jsonl: losing them must not
+        # stop a run.
+        logging.warning("TensorBoard events stopped at step %d (%s: %s); "
+                        "metrics.jsonl goes on", step, type(error).__name__, error)
+        self._tb = None
 
   def close(self) -> None:
     if self._jsonl is not None:
       self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
+
+
+def _reopen_truncated(file, size: int):
+  """`file` (append mode) cut to `size` bytes and opened again for appending."""
+  path = file.name
+  try:
+    file.close()
+  except OSError:  # Its buffer could not be flushed: the disk is still full.
+    pass
+  os.truncate(path, size)
+  return open(path, "a")
 
 
 def truncate_jsonl(path: str, last_step: int) -> None:

@@ -277,3 +277,84 @@ def test_the_same_command_on_a_finished_run_reports_it_again(trained, tmp_path,
   assert "this model" in out.stdout and "unigram baseline" in out.stdout
   assert (workdir / "metrics.jsonl").read_bytes() == metrics_before
   assert snapshot(workdir) == {k: v for k, v in before.items()}
+
+
+def test_silent_corruption_is_caught_by_checksums_and_quarantined(
+    trained, tmp_path, tokenizer_file):
+  """Flipped bits in a committed checkpoint's array data (same size, still
+  readable) fail its recorded SHA-256: it is moved aside as `.corrupt`, named,
+  and the run resumes from the previous checkpoint."""
+  workdir = copy_of(trained, tmp_path)
+  for step in (5, 10):  # Recorded when the step was final.
+    sums = json.loads((workdir / "checkpoints" / str(step) /
+                       checkpoints.CHECKSUM_FILE).read_text())
+    assert any(name.startswith("state/") for name in sums)
+  victim = max((p for p in (workdir / "checkpoints" / "10" / "state").rglob("*")
+                if p.is_file()), key=lambda p: p.stat().st_size)
+  data = bytearray(victim.read_bytes())
+  for offset in range(len(data) // 2, len(data) // 2 + 64, 8):
+    data[offset] ^= 0x10
+  victim.write_bytes(bytes(data))
+  with pytest.raises(checkpoints.CorruptCheckpoint, match="SHA-256 differs"):
+    checkpoints.verify_checksums(str(workdir / "checkpoints" / "10"))
+  checkpoints.verify_checksums(str(workdir / "checkpoints" / "5"))  # Untouched.
+  out = run(workdir, tokenizer_file, "--config.total_steps=12")
+  assert "checkpoint at step 10 cannot be restored (CorruptCheckpoint" in out.stderr
+  assert "resumed from" in out.stderr and "at step 5" in out.stderr
+  names = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  assert "10.corrupt" in names and "12" in names
+  steps, _ = losses(workdir)
+  assert steps == list(range(1, 13))
+
+
+def _can_mount_tmpfs(where) -> bool:
+  import shutil  # pylint: disable=import-outside-toplevel
+  if shutil.which("unshare") is None:
+    return False
+  probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                          f"mount -t tmpfs -o size=1m tmpfs {where}"],
+                         capture_output=True)
+  return probe.returncode == 0
+
+
+def test_a_full_disk_stops_in_one_line_and_the_same_command_resumes(
+    tmp_path, tokenizer_file, reference):
+  """The workdir on a real 22 MB tmpfs (a private mount namespace): the save of
+  step 15 cannot fit beside steps 5 and 10 (8.5 MB each). The run stops with
+  one line naming the disk and the space a checkpoint takes, the newest
+  complete checkpoint stays readable; with the disk grown, the same command
+  finishes with the losses of an uninterrupted run, each step logged once."""
+  disk, out = tmp_path / "disk", tmp_path / "out"
+  disk.mkdir()
+  out.mkdir()
+  if not _can_mount_tmpfs(disk):
+    pytest.skip("no private mount namespace here (unshare -rm) for a small tmpfs")
+  cmd = " ".join(f"'{a}'" for a in command(disk / "run", tokenizer_file))
+  script = f"""
+    mount -t tmpfs -o size=22m tmpfs {disk}
+    {cmd} > {out}/first.out 2> {out}/first.err; echo $? > {out}/first.rc
+    cp -r {disk}/run {out}/after_full
+    mount -o remount,size=400m {disk}
+    {cmd} > {out}/second.out 2> {out}/second.err; echo $? > {out}/second.rc
+    cp -r {disk}/run {out}/final
+  """
+  subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=REPO, env=ENV8,
+                 timeout=900, check=True)
+  first_err = (out / "first.err").read_text()
+  assert (out / "first.rc").read_text().strip() == "1", first_err[-3000:]
+  assert "Traceback" not in first_err, first_err[-3000:]
+  lines = error_lines(first_err)
+  assert lines[0].startswith(f"error: no space left on the disk of {disk}"), lines
+  assert "MB free" in lines[0] and "the same command" in lines[0]
+  assert len(lines) == 2 and "--verbose" in lines[1]
+  left = out / "after_full"
+  newest = checkpoints.latest_step(str(left))
+  assert newest in (5, 10)
+  checkpoints.verify_checksums(str(left / "checkpoints" / str(newest)))
+  checkpoints.restore_params(str(left), newest)  # Readable, whole.
+  assert (out / "second.rc").read_text().strip() == "0", (
+      (out / "second.err").read_text()[-3000:])
+  assert f"at step {newest}" in (out / "second.err").read_text()
+  steps, values = losses(out / "final")
+  assert steps == list(range(1, TOTAL_STEPS + 1))
+  np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-6)
