@@ -31,17 +31,20 @@ def _key(text: str) -> bytes:
 def report(source, tokenizer, max_documents: int = 20_000) -> dict:
   """Statistics of `source` (a `sources.DocumentSource`) from up to
   `max_documents` documents taken at even strides across it."""
-  if getattr(source, "token_ids_tokenizer", None):
-    source = source.as_text()  # Words and lines, not ids.
   num_docs = len(source)
   if num_docs == 0:
     raise ValueError(f"{source!r} has no documents")
   indices = np.unique(np.linspace(0, num_docs - 1,
                                   num=min(num_docs, max_documents)).astype(np.int64))
-  texts = [source[int(i)] for i in indices]
+  if getattr(source, "token_ids_tokenizer", None):  # Prepared as token ids.
+    token_ids = [source[int(i)] for i in indices]
+    tokens = sum(len(ids) for ids in token_ids)
+    texts = [tokenizer.decode(ids) for ids in token_ids]  # Words and lines.
+  else:
+    texts = [source[int(i)] for i in indices]
+    tokens = sum(len(ids) for ids in tokenizer.encode(texts))
   chars = sum(len(t) for t in texts)
   words = sum(len(t.split()) for t in texts)
-  tokens = sum(len(ids) for ids in tokenizer.encode(texts))
   seen_docs, duplicate_docs = set(), 0
   seen_lines, lines, duplicate_lines = set(), 0, 0
   for text in texts:
