@@ -5,7 +5,8 @@ save and the restore themselves.
   python benchmarks/checkpoint_checksums.py --size=base --dir=/tmp/ckpt_bench
 
 A real train state of the size (`train_lib.create_sharded_state`, vocabulary
---vocab) is saved with the run's manager (`checkpoints.make_manager`: async,
+--vocab; every float array filled with random values, as a trained state has
+no zeros to compress) is saved with the run's manager (`checkpoints.make_manager`: async,
 checksums recorded by `wait_until_finished`), then restored the way a resume
 does (`checkpoints.restore_newest_readable`, which verifies first). Each phase
 is timed --repeats times into a fresh directory; medians are printed as JSON.
@@ -42,6 +43,14 @@ def main() -> None:
   mesh = sharding.make_mesh(config.mesh_shape)
   tx = train_lib.make_optimizer(config)
   state, _ = train_lib.create_sharded_state(model_cfg, config.seq_len, tx, mesh, 0)
+  # A trained state has no zeros to compress (a fresh one's Adam moments are
+  # all zero): every float leaf gets random values, as after training.
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  state = jax.tree.unflatten(treedef, [
+      jax.random.normal(k, x.shape, x.dtype).astype(x.dtype)
+      if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) and x.ndim else x
+      for k, x in zip(keys, leaves)])
   abstract, _ = train_lib.abstract_sharded_state(model_cfg, config.seq_len, tx, mesh)
   times = {"save": [], "record_checksums": [], "verify_checksums": [],
            "restore_unverified": [], "size_check_only": []}
