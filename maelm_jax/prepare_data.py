@@ -201,7 +201,11 @@ def _jsonl_documents(path: str, size: int, text_field: str, on_bad_text: str,
         line = line.rstrip("\n").removesuffix("\r")
         if not line.strip():
           continue
-        yield from _document_of(path, line_number, line, text_field)
+        where = f"{path}:{line_number}"
+        document = sources.jsonl_document(where, sources.json_object(where, line),
+                                          text_field, flag="--text_field")
+        if document:
+          yield document
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as error:
       raise ValueError(
           f"{path} cannot be read ({type(error).__name__}: {error}); a corrupt or "
@@ -214,30 +218,6 @@ def _jsonl_documents(path: str, size: int, text_field: str, on_bad_text: str,
     logging.warning("%s, line %d: %d byte(s) are not UTF-8 and were replaced by "
                     "U+FFFD (latin-1 text? convert it with iconv -f latin1 -t "
                     "utf-8)", path, first_bad_line, bad)
-
-
-def _document_of(path: str, line_number: int, line: str,
-                 text_field: str) -> Iterator[str]:
-  where = f"{path}:{line_number}"
-  try:
-    obj = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{where} is not valid JSON ({e.msg}); .jsonl files need "
-                     "one JSON object per line") from None
-  if not isinstance(obj, dict):
-    raise ValueError(f"{where} holds a JSON {type(obj).__name__}, not an object; "
-                     ".jsonl files need one JSON object per line")
-  if text_field not in obj:
-    raise ValueError(f"{where} has no field {text_field!r} (its fields are "
-                     f"{sorted(obj)}); set --text_field to the field that holds "
-                     "the document text")
-  value = obj[text_field]
-  if not isinstance(value, str):
-    raise ValueError(f"{where}: field {text_field!r} is a {type(value).__name__}, "
-                     "expected a string")
-  value = sources.normalize_whitespace(value)
-  if value:
-    yield value
 
 
 def _check_text_column(path: str, schema, text_field: str) -> None:

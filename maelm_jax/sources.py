@@ -341,35 +341,44 @@ def json_records(path: str, text: str) -> Iterator[tuple[str, dict]]:
   """(`path:line`, object) of each non-blank line of a JSON Lines text; a line
   that is not a JSON object is named in the error."""
   for line_number, line in enumerate(text_lines(text), 1):
-    if not line.strip():
-      continue
-    where = f"{path}:{line_number}"
-    try:
-      obj = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{where} is not valid JSON ({e.msg}); .jsonl files need "
-                       "one JSON object per line") from None
-    if not isinstance(obj, dict):
-      raise ValueError(f"{where} holds a JSON {type(obj).__name__}, not an "
-                       "object; .jsonl files need one JSON object per line")
-    yield where, obj
+    if line.strip():
+      where = f"{path}:{line_number}"
+      yield where, json_object(where, line)
+
+
+def json_object(where: str, line: str) -> dict:
+  """The JSON object of one JSON Lines line; `where` (path:line) names a bad one."""
+  try:
+    obj = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{where} is not valid JSON ({e.msg}); .jsonl files need "
+                     "one JSON object per line") from None
+  if not isinstance(obj, dict):
+    raise ValueError(f"{where} holds a JSON {type(obj).__name__}, not an "
+                     "object; .jsonl files need one JSON object per line")
+  return obj
+
+
+def jsonl_document(where: str, obj: dict, text_field: str,
+                   flag: str = "--config.data.text_field") -> str:
+  """The whitespace-normalised document of a JSON Lines record ("" if blank)."""
+  try:
+    text_value = obj[text_field]
+  except KeyError:
+    raise ValueError(
+        f"{where} has no field {text_field!r} (its fields are "
+        f"{sorted(obj)}); set {flag} to the field that holds the document "
+        "text") from None
+  if not isinstance(text_value, str):
+    raise ValueError(f"{where}: field {text_field!r} is a "
+                     f"{type(text_value).__name__}, expected a string")
+  return normalize_whitespace(text_value)
 
 
 def _jsonl_documents(path: str, text_field: str, on_bad_text: str) -> Iterator[str]:
   text = _decode(path, _read_bytes(path), on_bad_text)
   for where, obj in json_records(path, text or ""):
-    try:
-      text_value = obj[text_field]
-    except KeyError:
-      raise ValueError(
-          f"{where} has no field {text_field!r} (its fields are "
-          f"{sorted(obj)}); set --config.data.text_field to the field that "
-          "holds the document text") from None
-    if not isinstance(text_value, str):
-      raise ValueError(f"{where}: field {text_field!r} is a "
-                       f"{type(text_value).__name__}, expected a string")
-    text_value = normalize_whitespace(text_value)
-    if text_value:
+    if text_value := jsonl_document(where, obj, text_field):
       yield text_value
 
 
