@@ -33,6 +33,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
+import threading
+import time
 from collections.abc import Mapping
 
 from absl import logging
@@ -302,9 +305,143 @@ def maybe_initialize(env: Mapping[str, str] | None = None) -> Plan:
                  plan.describe())
     return plan
   logging.info("distributed: %s", plan.describe())
-  jax.distributed.initialize(**plan.initialize_kwargs())
+  kwargs = plan.initialize_kwargs()
+  timeout = peer_timeout_s(env)
+  if timeout:  # JAX's own detection (a fatal abort) after the watchdog's line.
+    kwargs["heartbeat_timeout_seconds"] = int(max(100, 2 * timeout))
+  jax.distributed.initialize(**kwargs)
   logging.info("distributed: process %d of %d, %d local / %d global devices",
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count())
   return plan
 
+
+
+# --------------------------------------------------------------------------
+# A dead peer: say which process vanished, within a bound, instead of waiting.
+
+PEER_TIMEOUT_VAR = "MAELM_PEER_TIMEOUT_S"
+DEFAULT_PEER_TIMEOUT_S = 60.0
+PEER_LOST_EXIT_CODE = 75  # EX_TEMPFAIL: relaunching every process resumes.
+_HEARTBEAT_KEY = "maelm/heartbeat/{}"
+_DONE_KEY = "maelm/done/{}"
+
+
+def peer_lost_message(process: int | None, num_processes: int, me: int,
+                      timeout_s: float) -> str:
+  who = (f"process {process} of {num_processes}" if process is not None else
+         "the coordinator (process 0)")
+  return (f"{who} stopped sending heartbeats {timeout_s:.0f} s ago (it died or "
+          f"hangs; its own log says why); process {me} stops instead of waiting in a "
+          "collective. Relaunch every process with the same command: they resume "
+          "from the newest checkpoint all of them committed")
+
+
+class PeerWatchdog:
+  """Each process of a multi-process run publishes a heartbeat counter in JAX's
+  coordination key-value store every `interval_s` and reads the others'. A peer
+  whose counter has not moved for `timeout_s` (killed, its host gone, hung), or
+  a store that cannot be reached that long (process 0, which serves it, gone),
+  ends this process with one line naming the process and exit code 75, instead
+  of a collective that waits for it forever (or JAX's own fatal abort with a
+  stack trace, about 65 s after the loss, measured on 2 CPU processes). A peer
+  that finished (`finish`) is no longer watched.
+
+  A daemon thread; it needs the GIL every `interval_s`, which XLA's compile and
+  execute release, so a long compilation is not a lost peer. `timeout_s`
+  comes from MAELM_PEER_TIMEOUT_S (0 turns the watchdog off).
+  """
+
+  def __init__(self, client, me: int, num_processes: int, timeout_s: float,
+               interval_s: float = 2.0, on_lost=None):
+    self._client, self._me, self._n = client, me, num_processes
+    self.timeout_s, self._interval_s = timeout_s, interval_s
+    self._on_lost = on_lost or self._exit
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="maelm-peer-watchdog",
+                                    daemon=True)
+
+  def start(self) -> "PeerWatchdog":
+    self._thread.start()
+    return self
+
+  def finish(self) -> None:
+    """This process is done (its peers stop watching it) and stops watching."""
+    self._stop.set()
+    try:
+      self._client.key_value_set(_DONE_KEY.format(self._me), "1", allow_overwrite=True)
+    except Exception:  # pylint: disable=broad-except  (the store may be gone)
+      pass
+
+  def _exit(self, message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(PEER_LOST_EXIT_CODE)  # pylint: disable=protected-access
+
+  def _try_get(self, key: str) -> str | None:
+    try:
+      return self._client.key_value_try_get(key)
+    except Exception as error:  # pylint: disable=broad-except
+      if "NOT_FOUND" in str(error) or "not found" in str(error).lower():
+        return None
+      raise
+
+  def _run(self) -> None:
+    peers = [p for p in range(self._n) if p != self._me]
+    now = time.monotonic()
+    seen = {p: (None, now) for p in peers}
+    store_ok = now
+    beat = 0
+    while not self._stop.wait(self._interval_s):
+      beat += 1
+      now = time.monotonic()
+      try:
+        self._client.key_value_set(_HEARTBEAT_KEY.format(self._me), str(beat),
+                                   allow_overwrite=True)
+        for p in list(peers):
+          if self._try_get(_DONE_KEY.format(p)) is not None:
+            peers.remove(p)
+            continue
+          value = self._try_get(_HEARTBEAT_KEY.format(p))
+          if value != seen[p][0]:
+            seen[p] = (value, now)
+        store_ok = now
+      except Exception:  # pylint: disable=broad-except  (the store is unreachable)
+        if now - store_ok > self.timeout_s and not self._stop.is_set():
+          self._on_lost(peer_lost_message(None, self._n, self._me, self.timeout_s))
+          return
+        continue
+      for p in peers:
+        if now - seen[p][1] > self.timeout_s and not self._stop.is_set():
+          self._on_lost(peer_lost_message(p, self._n, self._me, self.timeout_s))
+          return
+
+
+def peer_timeout_s(env: Mapping[str, str] | None = None) -> float:
+  value = _get(os.environ if env is None else env, PEER_TIMEOUT_VAR)
+  if value is None:
+    return DEFAULT_PEER_TIMEOUT_S
+  try:
+    timeout = float(value)
+  except ValueError:
+    raise DistributedConfigError(f"{PEER_TIMEOUT_VAR}={value!r} is not a number "
+                                 "of seconds (0 turns the watchdog off)") from None
+  if timeout < 0:
+    raise DistributedConfigError(f"{PEER_TIMEOUT_VAR}={timeout} must be >= 0")
+  return timeout
+
+
+def start_peer_watchdog(env: Mapping[str, str] | None = None) -> PeerWatchdog | None:
+  """The watchdog of this process, started, in a multi-process run (else None)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  client = jax_distributed.global_state.client
+  if jax.process_count() < 2 or client is None:
+    return None
+  timeout = peer_timeout_s(env)
+  if not timeout:
+    return None
+  logging.info("distributed: peer watchdog on (a process silent for %.0f s stops "
+               "the others; %s)", timeout, PEER_TIMEOUT_VAR)
+  return PeerWatchdog(client, jax.process_index(), jax.process_count(),
+                      timeout).start()

@@ -107,6 +107,7 @@ def main(argv):
     distributed.maybe_initialize()  # Multi-host: before anything touches devices.
   except distributed.DistributedConfigError as e:
     raise app.UsageError(str(e)) from e
+  watchdog = distributed.start_peer_watchdog()
   from maelm_jax import train  # noqa: F401
   logging.info("JAX %s, %d processes, devices: %s", jax.__version__,
                jax.process_count(), jax.devices())
@@ -117,6 +118,8 @@ def main(argv):
   try:
     if mode == "pretrain":
       last = train.train_and_evaluate(config, flags.FLAGS.workdir)
+      if watchdog is not None:  # Done: peers stop watching this process.
+        watchdog.finish()
       if last.get("stopped_by") == "SIGINT":
         sys.exit(130)  # Saved, but stopped by the user: a `&&` chain stops too.
       if jax.process_index() == 0 and not last.get("dry_run"):
@@ -124,6 +127,8 @@ def main(argv):
     else:
       from maelm_jax.finetune import run as finetune_run
       results = finetune_run.run(config, flags.FLAGS.workdir)
+      if watchdog is not None:
+        watchdog.finish()
       if results.get("stopped_by") == "SIGINT":
         sys.exit(130)
   except Exception as error:  # pylint: disable=broad-except

@@ -191,6 +191,15 @@ def evaluate_baselines(config, model_cfg, train_source, tokenizer, eval_ds, mesh
   totals = sum_over_eval_batches(
       lambda batch, index: step(batch, eval_rng, index, log_probs, bigram_next),
       eval_ds, mesh, config.eval_batches)
+  if not totals["mask_weight"]:
+    # Every evaluation would score nothing and log zeros as if they were figures.
+    raise ValueError(
+        f"the held-out split does not fill one batch of {config.batch_size} x "
+        f"{config.seq_len} from each of its "
+        f"{config.data.num_streams or jax.process_count()} data streams (each "
+        "stream packs its own share of the documents), so every evaluation would "
+        "score nothing; raise --config.data.eval_fraction, or lower batch_size "
+        "or seq_len")
   out = baselines.baseline_metrics(totals)
   logging.info("baselines (%.1fs) on %d held-out [MASK] positions (tables from %d "
                "training tokens; most frequent piece %r): unigram accuracy %.2f%%, "

@@ -218,8 +218,11 @@ def test_maybe_initialize_single_process_does_not_initialise(fake_initialize):
 def test_maybe_initialize_explicit_passes_the_plan(fake_initialize):
   plan = distributed.maybe_initialize(EXPLICIT)
   assert plan.kind == "explicit"
+  # JAX's own fatal detection of a dead peer comes after the watchdog's line
+  # (2 x its default 60 s).
   assert fake_initialize == [dict(coordinator_address="10.0.0.2:1234",
-                                  num_processes=4, process_id=3)]
+                                  num_processes=4, process_id=3,
+                                  heartbeat_timeout_seconds=120)]
 
 
 def test_maybe_initialize_validates_before_initialising(fake_initialize):
@@ -237,6 +240,10 @@ def test_maybe_initialize_reads_os_environ(fake_initialize, monkeypatch):
                "TPU_PROCESS_ADDRESSES", "MEGASCALE_NUM_SLICES",
                "MEGASCALE_COORDINATOR_ADDRESS"):
     monkeypatch.delenv(name, raising=False)
+  assert distributed.maybe_initialize().kind == "slurm"
+  assert fake_initialize == [{"heartbeat_timeout_seconds": 120}]
+  monkeypatch.setenv("MAELM_PEER_TIMEOUT_S", "0")  # No watchdog: JAX's default.
+  fake_initialize.clear()
   assert distributed.maybe_initialize().kind == "slurm"
   assert fake_initialize == [{}]
 
@@ -550,3 +557,74 @@ def test_local_logs_are_appended_across_launches(fake_python, tmp_path):
     assert proc.returncode == 0
   for text in logs(tmp_path, 2):
     assert text.count("===== local.sh") == 2
+
+
+class FakeStore:
+  """JAX's coordination key-value store, as the watchdog uses it."""
+
+  def __init__(self):
+    self.values, self.reachable = {}, True
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    if not self.reachable:
+      raise RuntimeError("UNAVAILABLE: failed to connect to the coordinator")
+    self.values[key] = value
+
+  def key_value_try_get(self, key):
+    if not self.reachable:
+      raise RuntimeError("UNAVAILABLE: failed to connect to the coordinator")
+    if key not in self.values:
+      raise RuntimeError(f"NOT_FOUND: {key} not found")
+    return self.values[key]
+
+
+def _watch(store, timeout_s=0.6, me=0, n=3):
+  import threading  # pylint: disable=import-outside-toplevel
+  lost, event = [], threading.Event()
+
+  def on_lost(message):
+    lost.append(message)
+    event.set()
+
+  dog = distributed.PeerWatchdog(store, me, n, timeout_s, interval_s=0.05,
+                                 on_lost=on_lost).start()
+  return dog, lost, event
+
+
+def test_peer_watchdog_names_the_silent_process_within_its_bound():
+  import time  # pylint: disable=import-outside-toplevel
+  store = FakeStore()
+  dog, lost, event = _watch(store)
+  started = time.monotonic()
+  while time.monotonic() - started < 1.5:  # Process 2 beats, process 1 never does.
+    store.values["maelm/heartbeat/2"] = str(time.monotonic())
+    if event.wait(0.05):
+      break
+  assert lost and lost[0].startswith("process 1 of 3 stopped sending heartbeats"), lost
+  assert 0.6 <= time.monotonic() - started < 1.2  # timeout + a few intervals.
+  assert "Relaunch every process with the same command" in lost[0]
+  dog.finish()
+  assert store.values["maelm/done/0"] == "1"
+
+
+def test_peer_watchdog_spares_finished_peers_and_names_a_lost_coordinator():
+  import time  # pylint: disable=import-outside-toplevel
+  store = FakeStore()
+  store.values["maelm/done/1"] = store.values["maelm/done/2"] = "1"
+  dog, lost, event = _watch(store)
+  assert not event.wait(1.0) and not lost  # Both peers finished: nothing to watch.
+  dog.finish()
+  store = FakeStore()
+  dog, lost, event = _watch(store, me=1, n=2)
+  store.values["maelm/heartbeat/0"] = "x"
+  time.sleep(0.2)
+  store.reachable = False  # Process 0, which serves the store, is gone.
+  assert event.wait(2.0)
+  assert lost[0].startswith("the coordinator (process 0) stopped sending heartbeats")
+
+
+def test_peer_timeout_from_the_environment():
+  assert distributed.peer_timeout_s({}) == distributed.DEFAULT_PEER_TIMEOUT_S
+  assert distributed.peer_timeout_s({"MAELM_PEER_TIMEOUT_S": "0"}) == 0
+  with pytest.raises(distributed.DistributedConfigError, match="not a number"):
+    distributed.peer_timeout_s({"MAELM_PEER_TIMEOUT_S": "soon"})

@@ -48,8 +48,9 @@ COMMON_ARGS = [
     "--config.data.num_streams=2",
     # Learning rate of steps 1..6 independent of total_steps (6 or 9).
     "--config.warmup_steps=6",
-    # The default 1% held out gives process 1 one eval batch and process 0 two:
-    # train.evaluate must stop both after one (an eval step is a collective).
+    # 5% held out gives each process its eval batches (at 1% one process had
+    # none, and every evaluation scored nothing: now refused at set-up).
+    "--config.data.eval_fraction=0.05",
 ]
 
 
@@ -269,3 +270,62 @@ def test_hosts_agree_on_the_step_they_restore(tmp_path):
   # after the failure we report, timing-dependent, and not ours to raise.
   for block in traceback_blocks(log):
     assert "maelm_jax" not in block and "restore_agreement_worker" not in block, block
+
+
+def test_a_dead_host_is_named_and_the_relaunch_resumes(tmp_path):
+  """2 processes started as on two hosts (no launcher to stop the survivor);
+  process 1 is SIGKILLed mid-run. Process 0 must not wait forever in a
+  collective: it exits 75 within its watchdog's bound, with one line naming
+  process 1. Relaunching both resumes from the last checkpoint they committed,
+  and every step is logged once."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  workdir = tmp_path / "run"
+  timeout_s = 10
+  args = [*COMMON_ARGS, "--config.total_steps=2000", f"--workdir={workdir}"]
+  runs = [Run(f"host{i}", [sys.executable, "-m", "maelm_jax.main", *args],
+              clean_env(MAELM_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                        MAELM_NUM_PROCESSES="2", MAELM_PROCESS_ID=str(i),
+                        JAX_NUM_CPU_DEVICES="4", MAELM_PEER_TIMEOUT_S=str(timeout_s)),
+              tmp_path / f"host{i}.out", launcher=False) for i in range(2)]
+  try:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (workdir / "checkpoints" / "6").exists():
+      assert time.monotonic() < deadline, runs[0].output()[-3000:]
+      assert runs[0].proc.poll() is None, runs[0].output()[-3000:]
+      time.sleep(0.2)
+    os.killpg(runs[1].proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    runs[1].proc.wait()
+    try:
+      runs[0].proc.wait(timeout=timeout_s + 50)
+    except subprocess.TimeoutExpired:
+      pytest.fail("process 0 still waits 60 s after process 1 died:\n"
+                  + runs[0].output()[-3000:])
+    waited = time.monotonic() - killed
+  finally:
+    for run in runs:
+      run.stop()
+  out = runs[0].output()
+  assert runs[0].proc.returncode == 75, out[-3000:]
+  assert timeout_s <= waited < timeout_s + 30, waited
+  errors_said = [line for line in out.splitlines() if line.startswith("error:")]
+  assert errors_said == [line for line in errors_said
+                         if line.startswith("error: process 1 of 2 stopped sending "
+                                            "heartbeats 10 s ago")] != [], out[-3000:]
+  committed = checkpoint_steps(workdir)[-1]
+  steps_before = [r["step"] for r in read_metrics(workdir)]
+  relaunch = Run("relaunch", ["bash", str(LOCAL_SH), "--num_processes=2",
+                              "--devices_per_process=4", "--", *COMMON_ARGS,
+                              f"--config.total_steps={committed + 3}",
+                              f"--workdir={workdir}"],
+                 clean_env(), tmp_path / "relaunch.out", launcher=True)
+  try:
+    relaunched = relaunch.finish()
+  finally:
+    relaunch.stop()
+  assert f"at step {committed}" in relaunched, relaunched[-3000:]
+  assert [r["step"] for r in read_metrics(workdir)] == list(range(1, committed + 4))
+  assert steps_before[:committed] == list(range(1, committed + 1))

@@ -358,3 +358,16 @@ def test_a_full_disk_stops_in_one_line_and_the_same_command_resumes(
   steps, values = losses(out / "final")
   assert steps == list(range(1, TOTAL_STEPS + 1))
   np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_a_held_out_split_too_small_for_its_streams_is_refused(tmp_path, tokenizer_file):
+  """1% of pydoc fills a global batch of 16 x 64 but not one from each of the 2
+  streams: every evaluation would have scored nothing and logged zeros as
+  figures (the 2-process test did, unnoticed). Refused at set-up instead."""
+  stderr = fails(command(tmp_path / "run", tokenizer_file,
+                         "--config.data.eval_fraction=0.01", "--config.batch_size=16"))
+  assert error_lines(stderr)[0].startswith(
+      "error: the held-out split does not fill one batch of 16 x 64 from each of its "
+      "2 data streams"), stderr[-2000:]
+  assert not (tmp_path / "run" / "metrics.jsonl").exists() or steps_logged(
+      tmp_path / "run") == 0
