@@ -310,7 +310,9 @@ def test_a_dead_host_is_named_and_the_relaunch_resumes(tmp_path):
       run.stop()
   out = runs[0].output()
   assert runs[0].proc.returncode == 75, out[-3000:]
-  assert timeout_s <= waited < timeout_s + 30, waited
+  # Silence counts from the last heartbeat process 0 saw change, up to one
+  # 2 s interval before the kill.
+  assert timeout_s - 4 <= waited < timeout_s + 30, waited
   errors_said = [line for line in out.splitlines() if line.startswith("error:")]
   assert errors_said == [line for line in errors_said
                          if line.startswith("error: process 1 of 2 stopped sending "
