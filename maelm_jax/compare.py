@@ -132,7 +132,8 @@ def selection_root(data_dir: str, out: str, tasks) -> str:
 
 
 def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
-  """Trains the runs' tokenizer once (the first run's settings and data)."""
+  """Trains the runs' tokenizer once (the first run's settings and data); a
+  corpus prepared as token ids (`prepare_data --tokenizer`) gives its own."""
   from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   config = sweep.expand(config_file, overrides)[0]["config"]
   directory = os.path.join(out, "tokenizer")
@@ -142,6 +143,8 @@ def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
     source = sources.open_source(data.source, "train", eval_fraction=data.eval_fraction,
                                  text_field=data.text_field,
                                  tfds_data_dir=data.tfds_data_dir or None)
+    if source.token_ids_tokenizer:  # A corpus prepared as ids brings its own.
+      return source.token_ids_tokenizer
     tokenizer_lib.load_or_train_tokenizer(
         directory, lambda: pipeline.training_texts(source),
         vocab_size=config.tokenizer.vocab_size,

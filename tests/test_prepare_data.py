@@ -409,3 +409,17 @@ def test_a_bad_line_stops_it_and_the_fixed_file_is_redone(tmp_path):
   prepare_data.prepare(spec, str(out), workers=2)
   documents = prepared.PreparedDocuments(str(out))
   assert [documents[i] for i in range(len(documents))] == ["fine", "fine too", "fixed"]
+
+
+def test_the_comparison_uses_a_token_id_corpus_s_own_tokenizer(text_corpus, tokenizer,
+                                                                tmp_path):
+  """`maelm_jax.compare` trains one tokenizer for all its runs, unless the corpus
+  holds token ids: then every run must use the corpus's (another is refused)."""
+  from maelm_jax import compare  # pylint: disable=import-outside-toplevel
+  out = tmp_path / "ids"
+  prepare_data.prepare(text_corpus, str(out), tokenizer_path=tokenizer.path)
+  path = compare.shared_tokenizer(
+      str(REPO / "configs" / "compare.py") + ":size=tiny,tflops=1,seeds=0,objectives=mlm",
+      {"data.source": f"arrayrecord:{out}"}, str(tmp_path / "cmp"))
+  assert path == str(out / "tokenizer.model")
+  assert not (tmp_path / "cmp" / "tokenizer").exists()
