@@ -28,22 +28,30 @@ def _key(text: str) -> bytes:
                          ).digest()
 
 
-def report(source, tokenizer, max_documents: int = 20_000) -> dict:
-  """Statistics of `source` (a `sources.DocumentSource`) from up to
-  `max_documents` documents taken at even strides across it."""
+def report(source, tokenizer, max_documents: int = 20_000,
+           max_chars: int = 20_000_000) -> dict:
+  """Statistics of `source` (a `sources.DocumentSource`) from a seeded random
+  sample of up to `max_documents` documents taken at even strides across it,
+  read until `max_chars` characters (long-document corpora such as Wikipedia
+  would otherwise spend most of a run's start-up here)."""
   num_docs = len(source)
   if num_docs == 0:
     raise ValueError(f"{source!r} has no documents")
   indices = np.unique(np.linspace(0, num_docs - 1,
                                   num=min(num_docs, max_documents)).astype(np.int64))
-  if getattr(source, "token_ids_tokenizer", None):  # Prepared as token ids.
-    token_ids = [source[int(i)] for i in indices]
-    tokens = sum(len(ids) for ids in token_ids)
-    texts = [tokenizer.decode(ids) for ids in token_ids]  # Words and lines.
-  else:
-    texts = [source[int(i)] for i in indices]
+  token_ids = getattr(source, "token_ids_tokenizer", None)  # Prepared as ids.
+  texts, tokens, chars = [], 0, 0
+  for index in np.random.RandomState(0).permutation(indices):
+    if chars >= max_chars:
+      break
+    document = source[int(index)]
+    if token_ids:
+      tokens += len(document)
+      document = tokenizer.decode(document)  # Words and lines.
+    texts.append(document)
+    chars += len(document)
+  if not token_ids:
     tokens = sum(len(ids) for ids in tokenizer.encode(texts))
-  chars = sum(len(t) for t in texts)
   words = sum(len(t.split()) for t in texts)
   seen_docs, duplicate_docs = set(), 0
   seen_lines, lines, duplicate_lines = set(), 0, 0
