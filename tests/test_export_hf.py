@@ -61,12 +61,10 @@ def pydoc_sentences():
   return [s for i in range(len(source)) for s in source[i].split(". ") if s]
 
 
-def check_export(out, workdir, model_class, remote):
-  kwargs = {"trust_remote_code": True} if remote else {}
-  ref = np.load(os.path.join(out, "reference_outputs.npz"))
+def assert_transformers_reproduces(out, ref, **kwargs):
+  """transformers' AutoModel of the export gives the reference hidden states at
+  the real (non-padding) positions; returns the model."""
   valid = ref["attention_mask"].astype(bool)
-  assert (~valid).any(), "the reference rows should include padding"
-
   model = transformers.AutoModel.from_pretrained(out, **kwargs).eval()
   with torch.no_grad():
     hidden = model(input_ids=torch.tensor(ref["input_ids"]),
@@ -74,6 +72,16 @@ def check_export(out, workdir, model_class, remote):
                    ).last_hidden_state.numpy()
   np.testing.assert_allclose(hidden[valid], ref["last_hidden_state"][valid],
                              atol=1e-4, rtol=0)
+  return model
+
+
+def check_export(out, workdir, model_class, remote):
+  kwargs = {"trust_remote_code": True} if remote else {}
+  ref = np.load(os.path.join(out, "reference_outputs.npz"))
+  valid = ref["attention_mask"].astype(bool)
+  assert (~valid).any(), "the reference rows should include padding"
+
+  model = assert_transformers_reproduces(out, ref, **kwargs)
   jax_hidden, jax_logits = jax_outputs(workdir, ref["input_ids"])
   np.testing.assert_allclose(ref["last_hidden_state"], jax_hidden, atol=1e-5)
 
@@ -179,14 +187,7 @@ def test_reference_rows_fit_a_short_position_table(tmp_path):
   export_hf.export(str(workdir), str(out))
   ref = np.load(out / "reference_outputs.npz")
   assert ref["input_ids"].shape[1] == 16 and (ref["input_ids"][:, -1] != 0).any()
-  model = transformers.AutoModel.from_pretrained(str(out), trust_remote_code=True)
-  valid = ref["attention_mask"].astype(bool)
-  with torch.no_grad():
-    hidden = model(input_ids=torch.tensor(ref["input_ids"]),
-                   attention_mask=torch.tensor(ref["attention_mask"])
-                   ).last_hidden_state.numpy()
-  np.testing.assert_allclose(hidden[valid], ref["last_hidden_state"][valid],
-                             atol=1e-4, rtol=0)
+  assert_transformers_reproduces(str(out), ref, trust_remote_code=True)
 
 
 # `make test` builds a second environment with transformers 5.x (what users install
