@@ -437,8 +437,12 @@ def peer_timeout_s(env: Mapping[str, str] | None = None) -> float:
 def start_peer_watchdog(env: Mapping[str, str] | None = None) -> PeerWatchdog | None:
   """The watchdog of this process, started, in a multi-process run (else None)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-  client = jax_distributed.global_state.client
+  try:  # JAX's coordination client is private API; without it, no watchdog.
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+    client = jax_distributed.global_state.client
+  except (ImportError, AttributeError):
+    logging.warning("distributed: no JAX coordination client found; no peer watchdog")
+    return None
   if jax.process_count() < 2 or client is None:
     return None
   timeout = peer_timeout_s(env)
