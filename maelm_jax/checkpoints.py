@@ -130,7 +130,9 @@ def _step_files(step_dir: str) -> dict[str, int]:
     for name in names:
       path = os.path.join(root, name)
       relative = os.path.relpath(path, step_dir)
-      if relative != CHECKSUM_FILE:
+      # The checksum file and its temporary (left by a kill while it was being
+      # written) are not part of the checkpoint.
+      if relative not in (CHECKSUM_FILE, CHECKSUM_FILE + ".tmp"):
         files[relative] = os.path.getsize(path)
   return files
 
@@ -447,16 +449,28 @@ def restore_params(workdir: str, step: int | None = None,
           f"{workdir} (step {step}) holds another model: " + "; ".join(differences)
           + ". Use a run of the same model (size, objective, decoder, vocabulary)")
   if shardings is None:
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                params_meta)
-  else:
-    restore_args = jax.tree.map(lambda _, s: ocp.ArrayRestoreArgs(sharding=s),
-                                params_meta, shardings)
+    return read_arrays(path, {"params": params_meta})["params"], step
+  restore_args = jax.tree.map(lambda _, s: ocp.ArrayRestoreArgs(sharding=s),
+                              params_meta, shardings)
   item = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), params_meta)
   restored = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
       item={"params": item}, restore_args={"params": restore_args},
       partial_restore=True))
   return restored["params"], step
+
+
+def read_arrays(path: str, tree: Any = None) -> Any:
+  """An item of a checkpoint (e.g. `<step>/state`) as numpy arrays, read from its
+  own metadata whatever mesh wrote it; `tree`: the part of that metadata to read
+  (default: all of it)."""
+  if tree is None:
+    metadata = ocp.PyTreeCheckpointer().metadata(path)
+    tree = (metadata.item_metadata.tree if hasattr(metadata, "item_metadata")
+            else metadata.tree)
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  item = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree)
+  return ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
+      item=item, restore_args=restore_args, partial_restore=True))
 
 
 def committed_steps(workdir: str) -> list[int]:

@@ -307,6 +307,24 @@ def test_silent_corruption_is_caught_by_checksums_and_quarantined(
   assert steps == list(range(1, 13))
 
 
+def test_a_kill_while_checksums_are_written_leaves_a_good_checkpoint_good(
+    trained, tmp_path):
+  """Killed between writing `maelm_checksums.json.tmp` and renaming it: the next
+  run records the step's checksums again. Found by `maelm_jax.chaos`: they used
+  to list the stale temporary file as part of the checkpoint, which then
+  failed verification ('missing') and a good step was quarantined."""
+  workdir = copy_of(trained, tmp_path)
+  step_dir = workdir / "checkpoints" / "10"
+  (step_dir / checkpoints.CHECKSUM_FILE).unlink()
+  (step_dir / (checkpoints.CHECKSUM_FILE + ".tmp")).write_text('{"state/_ME')
+  checkpoints.record_checksums(str(step_dir))
+  sums = json.loads((step_dir / checkpoints.CHECKSUM_FILE).read_text())
+  assert not any(name.startswith(checkpoints.CHECKSUM_FILE) for name in sums)
+  checkpoints.verify_checksums(str(step_dir))  # Raised 'is missing' before.
+  (step_dir / (checkpoints.CHECKSUM_FILE + ".tmp")).write_text("{")  # Killed again.
+  checkpoints.verify_checksums(str(step_dir))
+
+
 def _can_mount_tmpfs(where) -> bool:
   import shutil  # pylint: disable=import-outside-toplevel
   if shutil.which("unshare") is None:
