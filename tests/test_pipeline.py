@@ -364,3 +364,54 @@ def test_corpus_without_tokens_fails_instead_of_hanging(tokenizer, monkeypatch):
                                            shuffle=False)
   with pytest.raises(ValueError, match="contain no text"):
     next(iter(dataset))
+
+
+KILLED_TRAINER = r"""
+import os, signal, sys
+from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib
+tokenizer = tokenizer_lib.open_tokenizer(sys.argv[1])
+
+
+def pipeline_children():
+  children = []
+  for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if int(stat[1]) == os.getpid():  # stat[1]: the parent's pid.
+      children.append(int(entry))
+  return children
+
+
+dataset = pipeline.make_pretrain_dataset(sources.open_source("pydoc:", "train"),
+                                         tokenizer, seq_len=32, batch_size=2,
+                                         seed=0, num_workers=1)
+iterator = iter(dataset)
+next(iterator)
+print(" ".join(str(p) for p in pipeline_children()), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # A trainer killed without warning.
+"""
+
+
+def test_workers_exit_when_the_trainer_is_killed(tokenizer, tmp_path):
+  """kill -9 of the trainer cannot stop grain's worker processes; before
+  `pipeline.exit_with_parent` they stayed blocked for good (~200 MB each) and
+  every relaunch after a kill left more."""
+  import os, subprocess, sys, time  # pylint: disable=import-outside-toplevel,multiple-imports
+  # Output to files, not pipes: orphans holding a pipe would keep run() waiting.
+  with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+    returncode = subprocess.run([sys.executable, "-c", KILLED_TRAINER, tokenizer.path],
+                                stdout=out, stderr=err, timeout=300).returncode
+  assert returncode == -9, (tmp_path / "err").read_text()[-2000:]
+  children = [int(p) for p in (tmp_path / "out").read_text().split()]
+  assert children  # The worker (and multiprocessing's resource tracker).
+  deadline = time.time() + 20
+  alive = lambda pid: os.path.exists(f"/proc/{pid}") and "Z" != open(
+      f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+  while any(alive(p) for p in children) and time.time() < deadline:
+    time.sleep(0.2)
+  left = [p for p in children if alive(p)]
+  for pid in left:
+    os.kill(pid, 9)
+  assert not left, f"processes of the killed trainer still running: {left}"
