@@ -138,7 +138,8 @@ def parse_args(argv=None):
   for size in args.sizes:
     if size not in SIZES:
       p.error(f"unknown size {size!r}; choose from {list(SIZES)}")
-  from maelm_jax.model import ATTENTION_IMPLS, REMAT_POLICIES  # noqa: E402
+  from maelm_jax.attention import ATTENTION_IMPLS  # noqa: E402
+  from maelm_jax.model import REMAT_POLICIES  # noqa: E402
   for impl in args.attention_impls:
     if impl not in ATTENTION_IMPLS:
       p.error(f"--attention_impls {impl!r}: use some of {ATTENTION_IMPLS}")

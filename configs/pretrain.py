@@ -120,7 +120,7 @@ def get_config(arg=None):
   # MAE-LM (fairseq's --activation-dropout 0).
   config.model.activation_dropout = 0.0
   config.model.dtype = "bfloat16"
-  # Runtime choices (a run resumes under another): model.ATTENTION_IMPLS and
+  # Runtime choices (a run resumes under another): attention.ATTENTION_IMPLS and
   # model.REMAT_POLICIES say what each does; remat=True is remat_policy='full'.
   config.model.attention_impl = "auto"
   config.model.remat = False

@@ -25,7 +25,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from maelm_jax import errors, model as model_lib, tokenizer as tokenizer_lib
+from maelm_jax import (errors, model as model_lib, param_layout,
+                       tokenizer as tokenizer_lib)
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -422,7 +423,7 @@ def saved_params_scanned(workdir: str, step: int | None = None) -> bool:
   """Whether the checkpoint stores its layers stacked (model.scan_layers)."""
   if latest_step(workdir) is None and step is None:
     return False  # restore_params names the problem.
-  return model_lib.is_scanned(_params_metadata(workdir, step)[2])
+  return param_layout.is_scanned(_params_metadata(workdir, step)[2])
 
 
 def restore_params(workdir: str, step: int | None = None,
@@ -537,7 +538,7 @@ def read_pretrained_params(workdir: str, pretrained: Pretrained, *,
   layer layout of `pretrained.model_cfg`."""
   collections = model_lib.ENCODER_COLLECTIONS if encoder_only else None
   params, pretrained.step = restore_params(workdir, pretrained.step, collections)
-  if pretrained.model_cfg.scan_layers != model_lib.is_scanned(params):
-    params = model_lib.params_for(params, pretrained.model_cfg.scan_layers)
+  if pretrained.model_cfg.scan_layers != param_layout.is_scanned(params):
+    params = param_layout.params_for(params, pretrained.model_cfg.scan_layers)
   pretrained.params = params
   return pretrained

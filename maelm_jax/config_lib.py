@@ -10,7 +10,7 @@ import os
 
 import ml_collections
 
-from maelm_jax import model as model_lib
+from maelm_jax import attention, model as model_lib
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -117,19 +117,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(m.get("relative_bias_init", "normal") in model_lib.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
        f"{model_lib.RELATIVE_BIAS_INITS}")
-  impl = m.get("attention_impl", "auto")
-  need(impl in model_lib.ATTENTION_IMPLS,
-       f"model.attention_impl={impl!r} must be one of {model_lib.ATTENTION_IMPLS}")
-  if impl == "cudnn":
-    need(m.attention_dropout == 0 and m.dtype == "bfloat16",
-         f"model.attention_impl='cudnn' runs bfloat16 without attention dropout (got "
-         f"dtype={m.dtype!r}, attention_dropout={m.attention_dropout}): set those, or "
-         "use attention_impl='auto', which falls back to 'xla' where cuDNN does not apply")
-  if impl == "tpu_flash":
-    need(m.attention_dropout == 0,
-         f"model.attention_impl='tpu_flash' runs without attention dropout (got "
-         f"attention_dropout={m.attention_dropout}): set it to 0, or use "
-         "attention_impl='auto', which falls back to 'xla' where the kernel does not apply")
+  for problem in attention.config_errors(m.get("attention_impl", "auto"), dtype=m.dtype,
+                                        attention_dropout=m.attention_dropout,
+                                        key="model.attention_impl"):
+    need(False, problem)
   policy = m.get("remat_policy", "none")
   need(policy in model_lib.REMAT_POLICIES,
        f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")

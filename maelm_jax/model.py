@@ -21,8 +21,6 @@ norm statistics and the loss in float32.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import math
 from typing import Any
@@ -32,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax import masking, sharding
+from maelm_jax import attention, masking, param_layout
 
 SIZES = {
     # name: (layers, hidden, heads, mlp, default decoder layers)
@@ -54,33 +52,6 @@ OBJECTIVES = {
 DECODER_TYPES = ("none", "self", "cross")
 LN_TYPES = ("post", "pre")
 NEG_INF = -1e9  # additive mask; finite so fully-masked rows stay NaN-free.
-
-# How attention is computed (the result is the same up to rounding; a runtime
-# choice, not part of the model): 'xla' the explicit einsum-softmax-einsum, the
-# reference, with attention dropout; 'cudnn' cuDNN's fused flash attention through
-# `jax.nn.dot_product_attention` (CUDA GPU, bf16, no attention dropout); 'tpu_flash'
-# the Pallas TPU flash-attention kernel (`jax.experimental.pallas.ops.tpu`; TPU, no
-# attention dropout, lengths multiples of 128). Both kernels take the padding mask
-# and the relative position bias as one additive bias, whose gradient they return,
-# so the bias table trains. 'auto': the platform's kernel where it applies, xla
-# elsewhere.
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tpu_flash")
-# Let 'tpu_flash' resolve off a TPU: for tests, which run the kernel under Pallas'
-# TPU interpreter (`pltpu.force_tpu_interpret_mode()`); never set in runs.
-TPU_FLASH_OFF_TPU = False
-# The mesh the kernels are partitioned over (`kernel_mesh`; a custom kernel is
-# opaque to XLA's partitioner, so it runs per shard under `jax.shard_map`).
-_KERNEL_MESH = contextvars.ContextVar("kernel_mesh", default=None)
-
-
-@contextlib.contextmanager
-def kernel_mesh(mesh):
-  """While a step is traced: the mesh the attention kernels are sharded over."""
-  token = _KERNEL_MESH.set(mesh)
-  try:
-    yield
-  finally:
-    _KERNEL_MESH.reset(token)
 
 # What a rematerialised layer keeps from its forward pass for the backward pass
 # (`jax.checkpoint_policies`); everything else is recomputed. 'none': no remat,
@@ -209,53 +180,11 @@ class ModelConfig:
 
   def attention_backend(self, dropout_active: bool, q_len: int = 2,
                         kv_len: int = 2) -> str:
-    """'xla', 'cudnn' or 'tpu_flash': what `attention_impl` resolves to here (at
-    trace time). 'auto' takes a kernel only where all its conditions hold; asking
-    for one explicitly where they do not raises, naming each unmet condition."""
-    if self.attention_impl == "xla":
-      return "xla"
-    unmet = {"cudnn": self._cudnn_unmet(dropout_active, q_len, kv_len),
-             "tpu_flash": self._tpu_flash_unmet(dropout_active, q_len, kv_len)}
-    if self.attention_impl == "auto":
-      return next((impl for impl, why in unmet.items() if not why), "xla")
-    why = unmet[self.attention_impl]
-    if why:
-      raise ValueError(f"attention_impl={self.attention_impl!r} needs " +
-                       ", ".join(why) + "; use attention_impl='auto' (a kernel "
-                       "where it applies) or 'xla'")
-    return self.attention_impl
+    """What `attention_impl` resolves to for these lengths (attention.resolve)."""
+    return attention.resolve(self.attention_impl, dtype=self.dtype,
+                             head_dim=self.head_dim, dropout_active=dropout_active,
+                             q_len=q_len, kv_len=kv_len)
 
-  def _cudnn_unmet(self, dropout_active, q_len, kv_len) -> list[str]:
-    """cuDNN flash attention's conditions as jax checks them: half precision, head
-    size a multiple of 8 up to 128, and with a bias whose gradient is taken, even
-    query and key lengths (MAE-LM's encoder length L - K and the cross decoder's K
-    can be odd: those layers use the einsum)."""
-    why = []
-    if jax.default_backend() != "gpu":
-      why.append(f"a CUDA GPU (this is {jax.default_backend()})")
-    if jnp.dtype(self.dtype) not in (jnp.bfloat16, jnp.float16):
-      why.append(f"bfloat16 (model.dtype is {jnp.dtype(self.dtype).name})")
-    if dropout_active:
-      why.append("no attention dropout (set attention_dropout=0)")
-    if self.head_dim % 8 or self.head_dim > 128:
-      why.append(f"a head size that is a multiple of 8 up to 128 (it is {self.head_dim})")
-    if q_len % 2 or kv_len % 2:
-      why.append(f"even sequence lengths (queries {q_len}, keys {kv_len})")
-    return why
-
-  def _tpu_flash_unmet(self, dropout_active, q_len, kv_len) -> list[str]:
-    """The Pallas TPU kernel's: a TPU, no attention dropout, and query and key
-    lengths that are multiples of its 128-wide blocks (MAE-LM's encoder length
-    L - K rarely is: those layers use the einsum)."""
-    why = []
-    if jax.default_backend() != "tpu" and not TPU_FLASH_OFF_TPU:
-      why.append(f"a TPU (this is {jax.default_backend()})")
-    if dropout_active:
-      why.append("no attention dropout (set attention_dropout=0)")
-    if q_len % 128 or kv_len % 128:
-      why.append(f"sequence lengths that are multiples of 128 (queries {q_len}, "
-                 f"keys {kv_len})")
-    return why
 
 
 def _dense_init():
@@ -343,56 +272,6 @@ class RelativePositionBias(nn.Module):
     return jnp.transpose(bias, (0, 3, 1, 2))  # [B, H, n, m]
 
 
-def fused_attention(q, k, v, bias, implementation: str):
-  """`jax.nn.dot_product_attention` on [B, n|m, H, d] q/k/v with our additive
-  float32 bias [B|1, H|1, n, m], broadcast to the full [B, H, n, m] and cast to the
-  activation dtype (cuDNN takes a bias of the inputs' dtype and shape). The same
-  call with implementation='xla' is what the CPU tests compare with the einsum."""
-  b, n, h, _ = q.shape
-  bias = jnp.broadcast_to(bias, (b, h, n, k.shape[1])).astype(q.dtype)
-  return jax.nn.dot_product_attention(q, k, v, bias=bias,
-                                      scale=1.0 / math.sqrt(q.shape[-1]),
-                                      implementation=implementation)
-
-
-def _flash_block(length: int) -> int:
-  return next(b for b in (512, 256, 128) if length % b == 0)
-
-
-def tpu_flash_attention(q, k, v, bias):
-  """The Pallas TPU flash-attention kernel on [B, n|m, H, d] q/k/v and our additive
-  float32 bias [B|1, H|1, n, m], equal to the einsum path: the kernel adds its bias
-  *before* scaling, softmax((q k + bias) * scale), so q is scaled first and the
-  kernel's scale is 1. The bias is broadcast to [B, H, n, m] (the kernel tiles it
-  per batch row and head), as for cuDNN. Under `kernel_mesh` with more than one
-  device the kernel runs per shard (batch over data x fsdp, heads over tensor)."""
-  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_kernel  # pylint: disable=g-import-not-at-top
-  b, n, h, d = q.shape
-  m = k.shape[1]
-  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, L, H, d] <-> [B, H, L, d]
-  q = heads_first((q * (1.0 / math.sqrt(d))).astype(q.dtype))
-  k, v = heads_first(k), heads_first(v)
-  bias = jnp.broadcast_to(bias, (b, h, n, m)).astype(jnp.float32)
-  bq, bk = _flash_block(n), _flash_block(m)
-  blocks = tpu_kernel.BlockSizes(
-      block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
-      block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
-      block_k_major_dq=bk, block_k_dq=bk, block_q_dq=bq)
-
-  def kernel(q, k, v, bias):
-    return tpu_kernel.flash_attention(q, k, v, ab=bias, sm_scale=1.0,
-                                      block_sizes=blocks)
-
-  mesh = _KERNEL_MESH.get()
-  if mesh is not None and mesh.size > 1:
-    dp, tp = sharding.data_parallel_size(mesh), mesh.shape["tensor"]
-    if b % dp == 0 and h % tp == 0:
-      spec = jax.sharding.PartitionSpec(sharding.BATCH_AXES, "tensor")
-      kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(spec,) * 4,
-                             out_specs=spec, check_vma=False)
-  return heads_first(kernel(q, k, v, bias))
-
-
 class Attention(nn.Module):
   cfg: ModelConfig
   dropout_rate: float
@@ -415,9 +294,9 @@ class Attention(nn.Module):
     dropout_active = self.dropout_rate > 0 and not self.deterministic
     backend = cfg.attention_backend(dropout_active, x_q.shape[1], x_kv.shape[1])
     if backend == "cudnn":
-      out = fused_attention(q, k, v, bias, implementation="cudnn")
+      out = attention.fused_attention(q, k, v, bias, implementation="cudnn")
     elif backend == "tpu_flash":
-      out = tpu_flash_attention(q, k, v, bias)
+      out = attention.tpu_flash_attention(q, k, v, bias)
     else:
       scores = jnp.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(cfg.head_dim)), k,
                           preferred_element_type=jnp.float32) + bias
@@ -508,53 +387,6 @@ def _positions_table(cfg, name):
                                                               ("pos", "embed")))
 
 
-SCANNED_LAYERS = "layers"
-
-
-def _stack(*xs):
-  # Host arrays (a checkpoint read on the host) stay on the host.
-  if all(isinstance(x, np.ndarray) for x in xs):
-    return np.stack(xs)
-  return jnp.stack(xs)
-
-
-def stack_layers(tree):
-  """Unrolled parameters (`layer_0`, `layer_1`, ... in a stack) -> scanned
-  (`layers`, each leaf with a leading layer axis). Anything else is kept."""
-  if not isinstance(tree, dict):
-    return tree
-  if "layer_0" in tree:
-    count = sum(1 for k in tree if k.startswith("layer_") and k[6:].isdigit())
-    rest = {k: stack_layers(v) for k, v in tree.items()
-            if not (k.startswith("layer_") and k[6:].isdigit())}
-    layers = [tree[f"layer_{i}"] for i in range(count)]
-    return {**rest, SCANNED_LAYERS: jax.tree.map(_stack, *layers)}
-  return {k: stack_layers(v) for k, v in tree.items()}
-
-
-def unstack_layers(tree):
-  """The inverse of `stack_layers`."""
-  if not isinstance(tree, dict):
-    return tree
-  if SCANNED_LAYERS in tree:
-    stacked = tree[SCANNED_LAYERS]
-    count = jax.tree.leaves(stacked)[0].shape[0]
-    rest = {k: unstack_layers(v) for k, v in tree.items() if k != SCANNED_LAYERS}
-    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked)
-                       for i in range(count)}}
-  return {k: unstack_layers(v) for k, v in tree.items()}
-
-
-def params_for(params, scan_layers: bool):
-  """`params` (either layout) in the layout a model with `scan_layers` reads."""
-  return stack_layers(params) if scan_layers else unstack_layers(params)
-
-
-def is_scanned(params) -> bool:
-  return any(SCANNED_LAYERS in stack for stack in params.values()
-             if isinstance(stack, dict))
-
-
 class Stack(nn.Module):
   """Layers with their own absolute position table and input LayerNorm."""
 
@@ -606,7 +438,7 @@ class Stack(nn.Module):
       x, _ = scanned(cfg, self.dropout_rate, self.attention_dropout_rate,
                      self.deterministic, self.cross_attention, True,
                      self.activation_dropout_rate,
-                     name=SCANNED_LAYERS)(x, self_bias, memory, cross_bias)
+                     name=param_layout.SCANNED_LAYERS)(x, self_bias, memory, cross_bias)
     else:
       for i in range(self.num_layers):
         x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,

@@ -29,7 +29,7 @@ from maelm_jax import (baselines, checkpoints, config_lib, corpus_report, flops,
                        metric_writers, pipeline, plots,
                        preemption, sharding, sources, tokenizer as tokenizer_lib,
                        train_lib, workdir as workdir_lib)
-from maelm_jax import model as model_lib
+from maelm_jax import model as model_lib, param_layout
 
 
 # --------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def load_init_from(config, state, state_shardings):
 
   A run without a decoder (MLM, an imported checkpoint) starts a MAE-LM / 3ML
   run's encoder and head; its decoder starts fresh."""
-  scanned_here = model_lib.is_scanned(state.params)
+  scanned_here = param_layout.is_scanned(state.params)
   scanned_there = checkpoints.saved_params_scanned(config.init_from)
   saved = checkpoints.saved_collections(config.init_from)
   fresh = sorted(set(state.params) - set(saved))
@@ -245,10 +245,10 @@ def load_init_from(config, state, state_shardings):
         config.init_from, collections=names,
         shardings={c: state_shardings.params[c] for c in names}, expected=wanted)
   else:  # Read in the other layout (on the host), convert, place.
-    expected = jax.eval_shape(lambda p: model_lib.params_for(p, scanned_there), wanted)
+    expected = jax.eval_shape(lambda p: param_layout.params_for(p, scanned_there), wanted)
     params, step = checkpoints.restore_params(config.init_from, collections=names,
                                               expected=expected)
-    params = jax.device_put(model_lib.params_for(params, scanned_here),
+    params = jax.device_put(param_layout.params_for(params, scanned_here),
                             {c: state_shardings.params[c] for c in names})
   if fresh:
     logging.info("%s has no %s: it starts fresh", config.init_from, fresh)

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maelm_jax import masking, sharding
-from maelm_jax import model as model_lib
+from maelm_jax import attention, masking, sharding
 from maelm_jax.model import MaskedLM, ModelConfig, masked_lm_loss
 
 EVAL_SEED_OFFSET = 7919  # Eval masks come from their own stream, fixed for the run.
@@ -370,11 +369,11 @@ def make_eval_step(model_cfg: ModelConfig, seq_len: int):
 
 
 def with_kernel_mesh(step_fn, mesh):
-  """`step_fn` traced under `model.kernel_mesh(mesh)`, so that attention kernels
+  """`step_fn` traced under `attention.kernel_mesh(mesh)`, so that attention kernels
   (opaque to XLA's partitioner) run per shard of `mesh`."""
   @functools.wraps(step_fn)
   def traced_with_mesh(*args):
-    with model_lib.kernel_mesh(mesh):
+    with attention.kernel_mesh(mesh):
       return step_fn(*args)
   return traced_with_mesh
 

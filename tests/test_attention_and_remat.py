@@ -1,5 +1,5 @@
 """How attention is computed and what is rematerialised: runtime choices that
-must not change the math (model.ATTENTION_IMPLS, model.REMAT_POLICIES)."""
+must not change the math (attention.ATTENTION_IMPLS, model.REMAT_POLICIES)."""
 
 import flax.linen as nn
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from maelm_jax import config_lib, masking, model as model_lib
+from maelm_jax import attention, config_lib, masking, model as model_lib
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -70,14 +70,14 @@ def test_fused_attention_call_matches_the_einsum_with_bias_gradients(
   reference_loss, reference_grads = loss_and_grads(
       model_lib.dataclasses.replace(cfg, attention_impl="xla"), ids)
 
-  original = model_lib.fused_attention
+  original = attention.fused_attention
   calls = []
 
   def fused_via_xla(q, k, v, bias, implementation):
     calls.append(implementation)
     return original(q, k, v, bias, implementation="xla")
 
-  monkeypatch.setattr(model_lib, "fused_attention", fused_via_xla)
+  monkeypatch.setattr(attention, "fused_attention", fused_via_xla)
   monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
                       lambda self, dropout_active, q_len, kv_len: "cudnn")
   loss, grads = loss_and_grads(cfg, ids)
@@ -117,14 +117,14 @@ KERNEL_OVERRIDES = {"model.ln_type": "pre", "model.dropout": 0.0,
 def count_tpu_kernel_calls(monkeypatch):
   """Let `auto` take the Pallas TPU kernel off a TPU (the caller runs it under
   `pltpu.force_tpu_interpret_mode()`), counting its calls."""
-  monkeypatch.setattr(model_lib, "TPU_FLASH_OFF_TPU", True)
-  original, calls = model_lib.tpu_flash_attention, []
+  monkeypatch.setattr(attention, "TPU_FLASH_OFF_TPU", True)
+  original, calls = attention.tpu_flash_attention, []
 
   def counted(q, k, v, bias):
     calls.append((q.shape[1], k.shape[1]))
     return original(q, k, v, bias)
 
-  monkeypatch.setattr(model_lib, "tpu_flash_attention", counted)
+  monkeypatch.setattr(attention, "tpu_flash_attention", counted)
   return calls
 
 

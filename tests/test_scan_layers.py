@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import checkpoints, masking, model as model_lib
+from maelm_jax import checkpoints, masking, model as model_lib, param_layout
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -42,13 +42,13 @@ def test_scanned_layers_compute_what_unrolled_layers_compute(objective, override
                              unrolled.mask_counts(32), mask_id=4, vocab_size=VOCAB)
   params = nn.meta.unbox(model_lib.MaskedLM(unrolled).init(
       jax.random.PRNGKey(0), masks)["params"])
-  stacked = model_lib.stack_layers(params)
+  stacked = param_layout.stack_layers(params)
   # The layout the scanned model itself creates.
   born = nn.meta.unbox(model_lib.MaskedLM(scanned).init(
       jax.random.PRNGKey(0), masks)["params"])
   assert jax.tree.structure(born) == jax.tree.structure(stacked)
   assert jax.tree.map(jnp.shape, born) == jax.tree.map(jnp.shape, stacked)
-  assert model_lib.is_scanned(stacked) and not model_lib.is_scanned(params)
+  assert param_layout.is_scanned(stacked) and not param_layout.is_scanned(params)
   layers = unrolled.num_layers
   assert stacked["encoder"]["layers"]["mlp"]["wi"]["kernel"].shape[0] == layers
 
@@ -56,7 +56,7 @@ def test_scanned_layers_compute_what_unrolled_layers_compute(objective, override
   scanned_loss, scanned_grads = loss_and_grads(scanned, stacked, masks)
   np.testing.assert_allclose(float(scanned_loss), float(loss), rtol=1e-6)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
-                          jax.tree.leaves(model_lib.unstack_layers(scanned_grads))):
+                          jax.tree.leaves(param_layout.unstack_layers(scanned_grads))):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0,
                                atol=1e-6 * max(1.0, float(np.abs(a).max())),
                                err_msg=jax.tree_util.keystr(path))
@@ -75,16 +75,16 @@ def test_stack_and_unstack_are_inverse_and_leave_other_keys_alone():
                       "layer_10_notes": {"w": np.full(2, 7.0)},
                       "final_ln": {"scale": np.ones(2)}},
           "decoder": {"layer_0": {"w": np.full(3, 2.0)}}}
-  stacked = model_lib.stack_layers(tree)
+  stacked = param_layout.stack_layers(tree)
   assert sorted(stacked["encoder"]) == ["final_ln", "layer_10_notes", "layers"]
   np.testing.assert_array_equal(stacked["encoder"]["layers"]["w"],
                                 [[0, 0, 0], [1, 1, 1]])
   assert stacked["decoder"]["layers"]["w"].shape == (1, 3)
-  back = model_lib.unstack_layers(stacked)
+  back = param_layout.unstack_layers(stacked)
   assert jax.tree.structure(back) == jax.tree.structure(tree)
   for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):
     np.testing.assert_array_equal(a, b)
-  assert model_lib.params_for(tree, False) == tree  # Already unrolled: unchanged.
+  assert param_layout.params_for(tree, False) == tree  # Already unrolled: unchanged.
 
 
 def test_scanned_and_unrolled_runs_train_alike_for_several_steps():
@@ -100,7 +100,7 @@ def test_scanned_and_unrolled_runs_train_alike_for_several_steps():
   state, shardings = train_lib.create_sharded_state(unrolled, 32, tx, mesh, 0)
   scanned_abstract, scanned_shardings = train_lib.abstract_sharded_state(
       scanned, 32, tx, mesh)
-  stacked = jax.device_put(model_lib.stack_layers(jax.tree.map(np.asarray, state.params)),
+  stacked = jax.device_put(param_layout.stack_layers(jax.tree.map(np.asarray, state.params)),
                            scanned_shardings.params)
   # Own copies of step, rng, ...: each train step donates its state.
   scanned_state = jax.tree.map(jnp.copy, state).replace(
@@ -123,7 +123,7 @@ def test_scanned_and_unrolled_runs_train_alike_for_several_steps():
                  - initial_kernel).max()
   assert moved > 1e-3, moved  # It trained.
   for a, b in zip(jax.tree.leaves(jax.tree.map(np.asarray, state.params)),
-                  jax.tree.leaves(model_lib.unstack_layers(
+                  jax.tree.leaves(param_layout.unstack_layers(
                       jax.tree.map(np.asarray, scanned_state.params)))):
     np.testing.assert_allclose(np.asarray(b), a, atol=1e-5)
 

@@ -47,8 +47,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from maelm_jax import (checkpoints, config_lib, metric_writers, model as model_lib,
-                       preemption, sharding, train_lib, workdir as workdir_lib)
+from maelm_jax import (attention, checkpoints, config_lib, metric_writers, preemption,
+                       sharding, train_lib, workdir as workdir_lib)
 from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 
@@ -305,13 +305,10 @@ def validate(config) -> None:
        "dropout and attention_dropout must be in [0, 1)")
   need(0.0 <= config.get("activation_dropout", 0.0) < 1.0,
        f"activation_dropout={config.get('activation_dropout')} must be in [0, 1)")
-  impl = config.get("attention_impl", "auto")
-  need(impl in model_lib.ATTENTION_IMPLS,
-       f"attention_impl={impl!r} must be one of {model_lib.ATTENTION_IMPLS}")
-  need(impl != "cudnn" or config.attention_dropout == 0,
-       f"attention_impl='cudnn' has no attention dropout (attention_dropout="
-       f"{config.attention_dropout}): set attention_dropout=0, or use 'auto', which "
-       "falls back to 'xla' while dropout is on")
+  for problem in attention.config_errors(config.get("attention_impl", "auto"),
+                                        dtype=config.dtype,
+                                        attention_dropout=config.attention_dropout):
+    need(False, problem)
   need(config.dtype in ("", "bfloat16", "float32"),
        f"dtype={config.dtype!r} must be '' (the pretrained model's), 'bfloat16' or "
        "'float32'")
