@@ -430,7 +430,7 @@ def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
   unknown = sorted(set(tasks) - set(TASK_DIRS))
   if unknown:
     raise ValueError(f"--tasks: {unknown} not supported; use some of {sorted(TASK_DIRS)}")
-  module = finetune_sweep.load_config_module(config_file)
+  module = config_lib.load_config_module(config_file)
   arg = config_file.split(":", 1)[1] if ":" in config_file else None
   if not hasattr(module, "get_finetune"):
     raise ValueError(f"{config_file.split(':')[0]} defines no get_finetune(arg), the "

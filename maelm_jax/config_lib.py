@@ -6,11 +6,31 @@ Every error says what is wrong and which `--config.x=...` fixes it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import ml_collections
 
 from maelm_jax import attention, model as model_lib
+
+
+def load_config_module(path: str):
+  """The config module at `path` (a `--config` value; `:args` are ignored)."""
+  path = path.split(":", 1)[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} not found, e.g. configs/glue.py")
+  spec = importlib.util.spec_from_file_location("maelm_sweep_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def set_path(config: ml_collections.ConfigDict, dotted: str, value) -> None:
+  """config['a']['b'] = value for dotted='a.b' (a sweep's or a command line's key)."""
+  *parents, leaf = dotted.split(".")
+  for key in parents:
+    config = config[key]
+  config[leaf] = value
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:

@@ -209,9 +209,8 @@ SHAPE_KEYS = ("num_layers", "hidden", "num_heads", "mlp", "max_positions",
 def run_config(hf: dict, vocab_size: int, model_type: str, src: str):
   """A pretraining config (`recipe=paper`, MLM) with the checkpoint's shape."""
   from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top
-  from maelm_jax.finetune import sweep  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(
-      sweep.load_config_module(PRETRAIN_CONFIG).get_config(BASE_CONFIG_ARG))
+      config_lib.load_config_module(PRETRAIN_CONFIG).get_config(BASE_CONFIG_ARG))
   positions = hf["max_position_embeddings"] - (
       hf.get("pad_token_id", 1) + 1 if hf["model_type"] == "roberta" else 0)
   m = config.model

@@ -39,16 +39,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from maelm_jax import checkpoints, config_lib, errors
-from maelm_jax.finetune.sweep import load_config_module
 
 LAUNCHERS = ("local", "tpu_pod", "slurm")
-
-
-def _set_path(config, dotted: str, value) -> None:
-  *parents, leaf = dotted.split(".")
-  for key in parents:
-    config = config[key]
-  config[leaf] = value
 
 
 def expand(config_file: str, overrides: dict[str, Any]) -> list[dict]:
@@ -57,7 +49,7 @@ def expand(config_file: str, overrides: dict[str, Any]) -> list[dict]:
   `overrides` (flattened `a.b` keys, e.g. from the command line) apply to every
   run; `sets` are the run's own keys from `get_sweep`.
   """
-  module = load_config_module(config_file)
+  module = config_lib.load_config_module(config_file)
   arg = config_file.split(":", 1)[1] if ":" in config_file else None
   if not hasattr(module, "get_sweep"):
     raise ValueError(f"{config_file.split(':')[0]} defines no get_sweep(arg); a sweep "
@@ -78,7 +70,7 @@ def expand(config_file: str, overrides: dict[str, Any]) -> list[dict]:
     config.unlock()
     for key, value in {**overrides, **entry}.items():
       try:
-        _set_path(config, key, value)
+        config_lib.set_path(config, key, value)
       except (AttributeError, KeyError) as error:
         raise ValueError(f"sweep run {name}: the config has no key {key!r}") from error
     runs.append({"name": name, "sets": entry, "config": config_lib.resolve(config)})

@@ -21,11 +21,7 @@ def tiny_config(objective="maelm", **overrides):
   config.seq_len = 32
   config.model.dtype = "float32"
   for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
+    config_lib.set_path(config, key, value)
   return config_lib.resolve(config)
 
 

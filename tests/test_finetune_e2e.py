@@ -20,7 +20,7 @@ import numpy as np
 import optax
 import pytest
 
-from maelm_jax import checkpoints, model as model_lib, sharding
+from maelm_jax import checkpoints, config_lib, model as model_lib, sharding
 from maelm_jax.finetune import heads, run, squad_metrics, sweep
 from tests.helpers import tiny_config
 
@@ -101,7 +101,7 @@ def small_and_fast(config, overrides):
   config.attention_dropout = 0.0
   config.dtype = "float32"
   for key, value in overrides.items():
-    sweep._set_path(config, key, value)  # pylint: disable=protected-access
+    config_lib.set_path(config, key, value)
   return config
 
 
@@ -511,7 +511,7 @@ def test_glue_config_errors_come_before_compilation(tmp_path, no_compile, overri
   config = glue_test_config("sst2", init_from, data.parent, **{"max_seq_len": 32})
   config.unlock()
   for key, value in overrides.items():
-    sweep._set_path(config, key, value)  # pylint: disable=protected-access
+    config_lib.set_path(config, key, value)
   with pytest.raises(error, match=message):
     run.run(config, str(tmp_path / "run"))
 

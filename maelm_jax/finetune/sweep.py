@@ -30,7 +30,6 @@ rates x seeds. `--report_only` rebuilds the report from the runs on disk.
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ from typing import Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from maelm_jax import config_lib
 from maelm_jax.finetune import glue_data
 
 # The GLUE average of the papers: every task but WNLI.
@@ -50,17 +50,6 @@ def run_name(learning_rate: float, seed: int) -> str:
   return f"lr{learning_rate:g}_seed{seed}"
 
 
-def load_config_module(path: str):
-  """The config module at `path` (a `--config` value; `:args` are ignored)."""
-  path = path.split(":", 1)[0]
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} not found, e.g. configs/glue.py")
-  spec = importlib.util.spec_from_file_location("maelm_sweep_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def grid_configs(config_file: str, tasks: Sequence[str], overrides: dict,
                  learning_rates: Sequence[float], seeds: Sequence[int]):
   """(task name, learning rate, seed, config) for every grid point.
@@ -69,7 +58,7 @@ def grid_configs(config_file: str, tasks: Sequence[str], overrides: dict,
   per-task defaults apply; `overrides` (flattened `a.b` keys) go on top. Empty
   `learning_rates`: each task's default.
   """
-  module = load_config_module(config_file)
+  module = config_lib.load_config_module(config_file)
   arg = config_file.split(":", 1)[1] if ":" in config_file else None
   bases = ([(t, module.get_config(f"task={t}")) for t in tasks] if tasks
            else [(None, module.get_config(arg))])
@@ -80,7 +69,7 @@ def grid_configs(config_file: str, tasks: Sequence[str], overrides: dict,
     base = base.copy_and_resolve_references()
     base.unlock()
     for key, value in overrides.items():
-      _set_path(base, key, value)
+      config_lib.set_path(base, key, value)
     for learning_rate in learning_rates or [base.learning_rate]:
       for seed in seeds:
         config = base.copy_and_resolve_references()
@@ -91,13 +80,6 @@ def grid_configs(config_file: str, tasks: Sequence[str], overrides: dict,
                         f"squad_v{config.version}")
         out.append((name, float(learning_rate), int(seed), config))
   return out
-
-
-def _set_path(config, dotted: str, value) -> None:
-  *parents, leaf = dotted.split(".")
-  for key in parents:
-    config = config[key]
-  config[leaf] = value
 
 
 def run_grid(points, sweep_dir: str) -> list[str]:
