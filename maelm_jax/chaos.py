@@ -63,6 +63,10 @@ START_STEP = {
     "glue": (r"resumed from .* at step (\d+)", r"loaded encoder"),
 }
 TIMING_KEYS = ("tokens_per_sec", "mfu", "examples_per_sec")
+# The console line of a logged step (metric_writers.format_console): this life
+# trained a step. (Counting metrics.jsonl's records cannot tell: a life first
+# cuts the file back to its checkpoint's step.)
+STEP_LOGGED = r"\bstep \d+/\d+ \|"
 SIGTERM_SHARE = 0.25
 LIFE_TIMEOUT_S = 600
 
@@ -120,7 +124,8 @@ def write_sentiment_task(directory: str, num_train: int = 160, num_dev: int = 32
 
 def metrics_records(workdir: str) -> list[dict[str, Any]]:
   """metrics.jsonl's whole lines (a line being written is not one yet)."""
-  path = os.path.join(workdir, "metrics.jsonl")
+  from maelm_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  path = workdir_lib.metrics_path(workdir)
   if not os.path.exists(path):
     return []
   with open(path) as f:
@@ -186,10 +191,10 @@ class Life:
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                JAX_PLATFORMS="cpu")
     self.workdir, self.mode = workdir, mode
-    self.records_at_launch = len(metrics_records(workdir))
     self.marks: dict[str, float] = {}
     self.lines: list[str] = []
     self.start_step: int | None = None
+    self.steps_logged = 0  # Console lines of logged steps, this life.
     self.launched, self.launched_at = time.monotonic(), time.time()
     self.process = subprocess.Popen(command, cwd=REPO, env=env, text=True,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -205,6 +210,8 @@ class Life:
       for phase, pattern in MARKERS[self.mode]:
         if phase not in self.marks and re.search(pattern, line):
           self.marks[phase] = now
+      if re.search(STEP_LOGGED, line):
+        self.steps_logged += 1
       if self.start_step is None:
         if match := re.search(resumed, line):
           self.start_step = int(match[1])
@@ -224,7 +231,7 @@ class Life:
     records = metrics_records(self.workdir)
     if records and records[-1]["step"] >= final_step:
       return "finishing"
-    if len(records) > self.records_at_launch:
+    if self.steps_logged:
       return "steps"
     marked = [p for p, _ in MARKERS[self.mode] if p in self.marks]
     return marked[-1] if marked else "start-up"
@@ -335,8 +342,8 @@ def deliver(life: Life, target: str, sig: signal.Signals, reference: Reference,
   order = list(SEEN_PHASES)
   reached = lambda: order.index(life.phase(reference.final_step)) >= order.index(target)
   if target == "steps":
-    wanted = life.records_at_launch + int(rng.integers(1, 2 * checkpoint_every + 1))
-    wait_until(lambda: len(metrics_records(life.workdir)) >= wanted, life, deadline)
+    wanted = int(rng.integers(1, 2 * checkpoint_every + 1))
+    wait_until(lambda: life.steps_logged >= wanted, life, deadline)
     delay = rng.uniform(0, reference.step_seconds)
   elif target == "checkpoint write":
     wait_until(lambda: life.checkpoint_in_flight() > 0, life, deadline)
@@ -354,7 +361,7 @@ def deliver(life: Life, target: str, sig: signal.Signals, reference: Reference,
   logged = records[-1]["step"] if records else 0
   return Kill(life=0, target=target, signal=sig.name, phase=phase,
               seconds_after_launch=round(life.elapsed(), 3), logged_step=logged,
-              trained=life.start_step is not None and logged > life.start_step)
+              trained=life.steps_logged > 0)
 
 
 def chaos_run(mode: str, command: list[str], workdir: str, reference: Reference,

@@ -26,7 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from maelm_jax import (errors, model as model_lib, param_layout,
-                       tokenizer as tokenizer_lib)
+                       tokenizer as tokenizer_lib, workdir as workdir_lib)
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -484,7 +484,7 @@ def check_pretraining_workdir(workdir: str, step: int | None = None) -> str:
   tokenizer and a committed checkpoint (of `step`, if given); otherwise a
   message naming what is missing, for tools that read one (--workdir)."""
   workdir = os.path.abspath(workdir)
-  for name, found in (("config.json", os.path.join(workdir, "config.json")),
+  for name, found in ((workdir_lib.CONFIG_FILE, workdir_lib.config_path(workdir)),
                       ("tokenizer.model (or tokenizer.json)",
                        tokenizer_lib.workdir_tokenizer_path(workdir))):
     if not os.path.isfile(found):
@@ -513,7 +513,7 @@ def load_pretrained(workdir: str, *, encoder_only: bool = True,
   whichever the run saved (None: as saved). Without `read_params`, `params` is
   None and `step` the checkpoint they would come from (`read_pretrained_params`).
   """
-  config_path = os.path.join(workdir, "config.json")
+  config_path = workdir_lib.config_path(workdir)
   if not os.path.exists(config_path):
     raise FileNotFoundError(f"{config_path} not found: --config.init_from must be "
                             "the --workdir of a maelm_jax pretraining run")

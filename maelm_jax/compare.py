@@ -47,6 +47,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from maelm_jax import analyze, blimp, checkpoints, config_lib, errors, sweep
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import glue_data, sweep as finetune_sweep
 
 # The group of configs/compare.py's `random=1` runs: the untrained control.
@@ -160,8 +161,7 @@ def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
 
 def _evaluations(workdir: str) -> list[dict]:
   """The run's metrics.jsonl records of its evaluations, in order."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [r for r in map(json.loads, f) if "eval/mask_accuracy" in r]
+  return workdir_lib.read_metrics(workdir, lambda r: "eval/mask_accuracy" in r)
 
 
 def _last_eval(workdir: str) -> dict:

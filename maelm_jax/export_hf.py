@@ -51,11 +51,12 @@ import json
 import os
 import pathlib
 import shutil
-import sys
 import types
 import uuid
 
 from absl import app, flags
+
+from maelm_jax import workdir as workdir_lib
 
 REFERENCE_TEXTS = (
     ("The quick brown fox jumps over the lazy dog.",),
@@ -383,18 +384,8 @@ def reference_outputs(model_cfg, params, tokenizer) -> dict:
 
 
 def _last_eval(workdir: str) -> dict:
-  path = os.path.join(workdir, "metrics.jsonl")
-  last = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError:
-          continue
-        if "eval/mask_accuracy" in record:
-          last = record
-  return last
+  evals = workdir_lib.read_metrics(workdir, lambda r: "eval/mask_accuracy" in r)
+  return evals[-1] if evals else {}
 
 
 def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool) -> str:
@@ -466,7 +457,7 @@ def export(workdir: str, out: str, *, step: int | None = None,
   from maelm_jax import checkpoints
   workdir, out = os.path.abspath(workdir), os.path.abspath(out)
   check_out_dir(out, overwrite)
-  config_path = os.path.join(workdir, "config.json")
+  config_path = workdir_lib.config_path(workdir)
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{config_path} not found: --workdir must be the "
                             "--workdir of a maelm_jax pretraining run")
@@ -503,7 +494,7 @@ def export(workdir: str, out: str, *, step: int | None = None,
   try:
     save_file(tensors, os.path.join(tmp, "model.safetensors"),
               metadata={"format": "pt"})
-    with open(os.path.join(tmp, "config.json"), "w") as f:
+    with open(os.path.join(tmp, workdir_lib.HF_CONFIG_FILE), "w") as f:
       json.dump(hf_config(kind, cfg, with_lm_head), f, indent=2)
     if kind == "maelm":
       for name in REMOTE_CODE_FILES:

@@ -43,6 +43,8 @@ import uuid
 from absl import app, flags, logging
 import numpy as np
 
+from maelm_jax import workdir as workdir_lib
+
 MARKER = "import.json"
 PARITY_TOLERANCE = 1e-4  # float32, largest absolute difference.
 MODEL_TYPES = ("bert", "roberta")
@@ -55,7 +57,7 @@ MODEL_TYPES = ("bert", "roberta")
 
 def read_hf_config(src: str) -> dict:
   """The checkpoint's config.json, checked for what the encoder can be."""
-  path = os.path.join(src, "config.json")
+  path = os.path.join(src, workdir_lib.HF_CONFIG_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"--src={src} has no config.json; pass a local "
                             "transformers checkpoint directory (save_pretrained)")
@@ -232,8 +234,7 @@ def run_config(hf: dict, vocab_size: int, model_type: str, src: str):
 
 def continue_flags(workdir: str) -> str:
   """The flags of a continued pretraining from `workdir` (an import)."""
-  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-    saved = json.load(f)
+  saved = workdir_lib.read_config(workdir)
   shape = " ".join(f"--config.model.{k}={saved['model'][k]}" for k in SHAPE_KEYS)
   return (f"--config=configs/pretrain.py:{BASE_CONFIG_ARG} {shape} "
           f"--config.tokenizer.vocab_size={saved['tokenizer']['vocab_size']} "
@@ -303,8 +304,7 @@ def import_checkpoint(src: str, workdir: str) -> dict:
     if ignored:
       raise ValueError(f"--src={src} has tensors this importer cannot map: "
                        f"{', '.join(ignored[:5])}")
-    from maelm_jax import train  # pylint: disable=g-import-not-at-top
-    train.write_config(config, tmp)
+    workdir_lib.write_config(config, tmp)
     write_params_checkpoint(tmp, params)
     summary = {"src": src, "model_type": hf["model_type"],
                "layers": model_cfg.num_layers, "hidden": model_cfg.hidden,

@@ -58,12 +58,15 @@ def _says_disk_full(record) -> bool:
 
 class _QuietLibraries(pylogging.Filter):
   """Orbax and grain log every file they touch at INFO; keep their warnings,
-  except orbax's tracebacks of a full disk, which the run says in one line
-  (checkpoints.DiskFull)."""
+  except the tracebacks of a full disk, which the run says in one line
+  (checkpoints.DiskFull): orbax's own, and asyncio's "Task exception was never
+  retrieved" for orbax's other write coroutines that failed the same way (when
+  the event loop's garbage collector gets to them first: timing-dependent)."""
 
   def filter(self, record):
     noisy = any(name in record.pathname for name in ("/orbax/", "/grain/"))
-    if noisy and "/orbax/" in record.pathname and _says_disk_full(record):
+    if (("/orbax/" in record.pathname or "/asyncio/" in record.pathname)
+        and _says_disk_full(record)):
       return False
     return record.levelno >= pylogging.WARNING or not noisy
 

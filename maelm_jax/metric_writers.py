@@ -10,7 +10,7 @@ import shutil
 
 from absl import logging
 
-from maelm_jax import errors
+from maelm_jax import errors, workdir as workdir_lib
 
 
 class MetricWriter:
@@ -20,7 +20,7 @@ class MetricWriter:
     self._jsonl = self._tb = None
     if not is_main:
       return
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    self._jsonl = open(workdir_lib.metrics_path(workdir), "a")
     try:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))

@@ -8,22 +8,11 @@ from `metrics.jsonl`, by process 0.
 
 from __future__ import annotations
 
-import json
 import os
 
+from maelm_jax import workdir as workdir_lib
+
 FILENAME = "learning_curve.png"
-
-
-def read_evals(metrics_path: str) -> list[dict]:
-  records = []
-  with open(metrics_path) as f:
-    for line in f:
-      line = line.strip()
-      if line:
-        record = json.loads(line)
-        if "eval/mask_accuracy" in record:
-          records.append(record)
-  return records
 
 
 def plot_learning_curve(workdir: str, title: str = "") -> str | None:
@@ -32,7 +21,7 @@ def plot_learning_curve(workdir: str, title: str = "") -> str | None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  evals = read_evals(os.path.join(workdir, "metrics.jsonl"))
+  evals = workdir_lib.read_metrics(workdir, lambda r: "eval/mask_accuracy" in r)
   if not evals:
     return None
   steps = [r["step"] for r in evals]

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import checkpoints, config_lib, errors
+from maelm_jax import checkpoints, config_lib, errors, workdir as workdir_lib
 
 LAUNCHERS = ("local", "tpu_pod", "slurm")
 
@@ -115,11 +115,9 @@ def launch_commands(runs, config_file: str, sweep_dir: str, overrides: dict,
 
 def run_state(run: dict, workdir: str) -> str:
   """"new", "finished", "resume at step N", or raises for another config's run."""
-  saved_path = os.path.join(workdir, "config.json")
-  if not os.path.exists(saved_path):
+  saved = workdir_lib.read_config(workdir)
+  if saved is None:
     return "new"
-  with open(saved_path) as f:
-    saved = json.load(f)
   differences = config_lib.config_differences(
       saved, json.loads(run["config"].to_json_best_effort()))
   if differences:

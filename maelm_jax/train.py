@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import filecmp
 import json
-import math
 import os
 import shutil
 import time
@@ -71,10 +70,8 @@ def prepare_workdir(config, workdir: str) -> None:
   workdir_lib.create(workdir)
   workdir_lib.check_mode(workdir, "pretrain")
   checkpoints.check_no_foreign_steps(workdir)
-  saved_path = os.path.join(workdir, "config.json")
-  if os.path.exists(saved_path) and not config.allow_config_change:
-    with open(saved_path) as f:
-      saved = json.load(f)
+  saved = workdir_lib.read_config(workdir)
+  if saved is not None and not config.allow_config_change:
     current = json.loads(config.to_json_best_effort())
     differences = config_lib.config_differences(saved, current)
     if differences:
@@ -110,21 +107,11 @@ def tokenizer_path_for(config, workdir: str,
   return wanted or None
 
 
-def write_config(config, workdir) -> None:
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-
-
 def last_logged_metrics(workdir: str, step: int) -> dict:
   """Every value `metrics.jsonl` holds for `step`, merged (train and eval lines)."""
-  path = os.path.join(workdir, "metrics.jsonl")
   merged = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        record = json.loads(line)
-        if record.get("step") == step:
-          merged.update({k: v for k, v in record.items() if k != "step"})
+  for record in workdir_lib.read_metrics(workdir, lambda r: r.get("step") == step):
+    merged.update({k: v for k, v in record.items() if k != "step"})
   return merged
 
 
@@ -402,7 +389,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   state, restored_step = checkpoints.restore_latest_good(
       manager, abstract_state, train_iter, start_over=config.get("start_over", False))
   if is_main:  # Records after the step the run starts from are redone.
-    metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"),
+    metric_writers.truncate_jsonl(workdir_lib.metrics_path(workdir),
                                   restored_step or 0)
   if state is not None:
     logging.info("resumed from %s at step %d", manager.directory, restored_step)
@@ -412,7 +399,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     if config.init_from:
       state = load_init_from(config, state, state_shardings)
   if is_main:
-    write_config(config, workdir)
+    workdir_lib.write_config(config, workdir)
   train_step, eval_step = train_lib.jit_steps(model_cfg, config.seq_len, tx, mesh,
                                               state_shardings,
                                               config.grad_accum_steps)

@@ -1,5 +1,10 @@
 """A workdir belongs to one run of one mode, and to one live process at a time.
 
+This module owns the names of the run's own files: `config.json` (the resolved
+config, `write_config` / `read_config`) and `metrics.jsonl` (one JSON record per
+logged step, `metrics_path` / `read_metrics`); checkpoints live in
+`checkpoints/` (checkpoints.py), the tokenizer beside them (tokenizer.py).
+
 `claim(workdir, mode)` runs before anything is written (both loops call it):
   - creates the directory, or checks that it is writable;
   - refuses a workdir whose `config.json` says another mode (fine-tuning into a
@@ -26,6 +31,53 @@ from absl import logging
 
 LOCK_FILE = ".lock"
 CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+# transformers' name for a model's config (an export's, an import's source):
+# another file than a run's, that happens to share the name.
+HF_CONFIG_FILE = "config.json"
+
+
+def config_path(workdir: str) -> str:
+  return os.path.join(workdir, CONFIG_FILE)
+
+
+def metrics_path(workdir: str) -> str:
+  return os.path.join(workdir, METRICS_FILE)
+
+
+def read_config(workdir: str) -> dict | None:
+  """The run's saved config as a dict; None if the workdir has none."""
+  path = config_path(workdir)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def write_config(config, workdir: str) -> None:
+  """The resolved config, whole or not at all (a kill mid-write leaves the old)."""
+  tmp = config_path(workdir) + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  os.replace(tmp, config_path(workdir))
+
+
+def read_metrics(workdir: str, where=None) -> list[dict]:
+  """metrics.jsonl's records in order (those for which `where(record)` holds);
+  a torn or unreadable line (a crash mid-write) is skipped; [] without the file."""
+  path = metrics_path(workdir)
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if where is None or where(record):
+        records.append(record)
+  return records
 
 
 class WorkdirError(ValueError):
@@ -36,7 +88,7 @@ def saved_mode(workdir: str) -> str | None:
   """The mode of the run that owns `workdir` ('pretrain', 'glue', 'squad'), or
   None for a new workdir. Pretraining configs written before `mode` existed
   have none: they are pretraining runs."""
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = config_path(workdir)
   if not os.path.exists(path):
     return None
   try:

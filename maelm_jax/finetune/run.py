@@ -333,7 +333,7 @@ def check_fits_mesh(config, mesh) -> None:
 
 def check_pretrained(config) -> None:
   """The pretraining workdir exists and its model takes `max_seq_len` tokens."""
-  path = os.path.join(config.init_from, "config.json")
+  path = workdir_lib.config_path(config.init_from)
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f"{path} not found: --config.init_from must be the --workdir of a maelm_jax "
@@ -494,11 +494,9 @@ def check_same_run(config, workdir: str) -> None:
   """A fine-tuning workdir is one run: starting it again (same config) starts it
   over; another config (another init_from, task, learning rate...) is refused,
   so that results of different runs never mix."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  saved = workdir_lib.read_config(workdir)
+  if saved is None:
     return
-  with open(path) as f:
-    saved = json.load(f)
   current = json.loads(config.to_json_best_effort())
   resumable = config_lib.FINETUNE_RESUMABLE_CHANGES
   differences = config_lib.config_differences(saved, current, resumable=resumable)
@@ -579,10 +577,9 @@ def _run(config, workdir: str, problem, mesh) -> dict:
     pretrained.params = None  # The host copy is no longer needed.
   progress = progress or {"epoch": 1, "batches_done": 0, "history": []}
   if is_main:  # Once the checkpoints are known to fit (they were not touched).
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    workdir_lib.write_config(config, workdir)
     # Records after the step the run goes on from are redone.
-    metric_writers.truncate_jsonl(os.path.join(workdir, "metrics.jsonl"),
+    metric_writers.truncate_jsonl(workdir_lib.metrics_path(workdir),
                                   restored_step or 0)
 
   def predict(input_ids):  # With the current `state` (rebound by the loop).
