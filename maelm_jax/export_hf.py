@@ -273,7 +273,7 @@ def fast_tokenizer(sp_model_path: str):
   character, "====="), SentencePiece's float32 path scores break the tie and
   `tokenizers`' float64 ones may break it the other way: about 0.5% of pydoc
   sentences, none of 18,872 book and SST-2 lines
-  (benchmarks/export_tokenizer_check.py).
+  (studies/export_tokenizer_check.py).
   """
   from sentencepiece import sentencepiece_model_pb2
   from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors

@@ -1,11 +1,11 @@
-"""benchmarks/linear_probe.py: the word-vector probes and the corpus baseline."""
+"""studies/linear_probe.py: the word-vector probes and the corpus baseline."""
 
 import pathlib
 import sys
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "studies"))
 import linear_probe  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/plateau_probe.py: when a probe left the plateau, in steps and FLOPs."""
+"""studies/plateau_probe.py: when a probe left the plateau, in steps and FLOPs."""
 
 import json
 import pathlib
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "studies"))
 import plateau_probe  # noqa: E402
 
 

@@ -1,11 +1,11 @@
-"""benchmarks/sst2_detokenized.py: SST-2's Penn Treebank spelling back to prose."""
+"""studies/sst2_detokenized.py: SST-2's Penn Treebank spelling back to prose."""
 
 import pathlib
 import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "studies"))
 import sst2_detokenized  # noqa: E402
 
 from maelm_jax.finetune import glue_data  # noqa: E402

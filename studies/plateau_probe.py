@@ -2,13 +2,13 @@ r"""Pretraining probes on the 31 Gutenberg books: does a recipe leave the unigra
 plateau, and when? Prints held-out `[MASK]`-only loss/accuracy every
 `--eval_every` steps next to the run's unigram and bigram baselines.
 
-  python benchmarks/plateau_probe.py --name=maelm_fast --config_arg=objective=maelm
-  python benchmarks/plateau_probe.py --name=mlm_normal_init \
+  python studies/plateau_probe.py --name=maelm_fast --config_arg=objective=maelm
+  python studies/plateau_probe.py --name=mlm_normal_init \
       --config_arg=objective=mlm --set model.relative_bias_init=normal
-  python benchmarks/plateau_probe.py --name=maelm_paper \
+  python studies/plateau_probe.py --name=maelm_paper \
       --config_arg=objective=maelm,recipe=paper
 
-  python benchmarks/plateau_probe.py --plot=docs/plateau_recipes.png \
+  python studies/plateau_probe.py --plot=docs/plateau_recipes.png \
       --names=mlm_fast,maelm_fast,maelm_paper
 
 Settings: `configs/pretrain.py` (`--config_arg`, default the fast recipe), batch 32 x 128,
@@ -108,7 +108,7 @@ def plot(results: str, names: list[str], path: str,
     ax.set(xlabel=xlabel, ylabel="held-out [MASK] accuracy (%)")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
-  fig.suptitle(f"{title} (benchmarks/plateau_probe.py)")
+  fig.suptitle(f"{title} (studies/plateau_probe.py)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   print("wrote", path)

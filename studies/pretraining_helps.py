@@ -2,9 +2,9 @@ r"""Does pretraining here help downstream? A tiny encoder pretrained on the 31
 Gutenberg books against the same architecture from random initialisation, on
 SST-2, QNLI and CoLA, medians over fine-tuning seeds.
 
-  python benchmarks/pretraining_helps.py                       # ~90 min on 2 cores
-  python benchmarks/pretraining_helps.py --objective=mlm --pretrain_steps=6000
-  python benchmarks/pretraining_helps.py --dry_run             # smoke test, ~3 min
+  python studies/pretraining_helps.py                       # ~90 min on 2 cores
+  python studies/pretraining_helps.py --objective=mlm --pretrain_steps=6000
+  python studies/pretraining_helps.py --dry_run             # smoke test, ~3 min
 
 Steps (everything through the project's public entry points):
   1. pretrain: `python -m maelm_jax.main --config=configs/pretrain.py:objective=...`
@@ -181,7 +181,7 @@ def main(argv=None):
                                           f"{args.objective}"), data_dir)
   summary = {
       "date": started.isoformat(timespec="seconds"),
-      "command": shlex.join(["python", "benchmarks/pretraining_helps.py",
+      "command": shlex.join(["python", "studies/pretraining_helps.py",
                              *sys.argv[1:]]),
       "machine": f"{platform.machine()}, {os.cpu_count()} cores",
       "pretrain_minutes": pretrain_min, "pretrained_eval": pretrained,

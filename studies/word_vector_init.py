@@ -8,7 +8,7 @@ Nothing else changes, so the difference is what distributional word vectors of
 the corpus give fine-tuning: an upper bound on what a pretrained encoder's
 embedding table alone can add at this size and data.
 
-  python benchmarks/word_vector_init.py --init=/tmp/helps/random_init_maelm \
+  python studies/word_vector_init.py --init=/tmp/helps/random_init_maelm \
       --glue_dir=/tmp/helps/glue --out=/tmp/word_vector_init
 
 Same fine-tuning protocol as `pretraining_helps.py --finetune_lr=1e-3
@@ -25,7 +25,7 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "studies"))
 sys.path.insert(0, str(REPO / "configs"))
 
 import numpy as np  # noqa: E402

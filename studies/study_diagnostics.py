@@ -1,9 +1,9 @@
 r"""The figures behind RESULTS.md, "Does pretraining pay?", that are not a run's output.
 
-  python benchmarks/study_diagnostics.py corpus     # read time, peak RSS, tokenizer sample mix
-  python benchmarks/study_diagnostics.py weights --pretrained=W --step=3000 --control=C
-  python benchmarks/study_diagnostics.py blimp_nats --workdir=W
-  python benchmarks/study_diagnostics.py transplant --pretrained=W --step=3000 \
+  python studies/study_diagnostics.py corpus     # read time, peak RSS, tokenizer sample mix
+  python studies/study_diagnostics.py weights --pretrained=W --step=3000 --control=C
+  python studies/study_diagnostics.py blimp_nats --workdir=W
+  python studies/study_diagnostics.py transplant --pretrained=W --step=3000 \
       --control=C --cut=2000 --sweep_dir=DIR
 
 corpus      the shared Wikipedia + IMDB spec: seconds and peak RSS to open both
