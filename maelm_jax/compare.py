@@ -53,7 +53,6 @@ from maelm_jax.finetune import glue_data, sweep as finetune_sweep
 # The group of configs/compare.py's `random=1` runs: the untrained control.
 UNTRAINED_GROUP = "random"
 GLUE_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "glue.py")
-TASK_DIRS = {"sst2": "SST-2", "cola": "CoLA", "qnli": "QNLI"}
 
 
 # --------------------------------------------------------------------------
@@ -79,17 +78,20 @@ def split_in_halves(dev_tsv: str, out_dir: str, seed: int = 0) -> None:
 
 
 def glue_root(glue_dir: str, out: str, tasks) -> str:
-  """`<out>/glue`: links to --glue_dir's tasks, and QNLI dev in two halves."""
+  """`<out>/glue`: links to --glue_dir's tasks; a task given only its dev.tsv
+  (no train.tsv: ../shared/data has QNLI's dev alone) is made of that file's two
+  halves, one to train on, one to score."""
   root = os.path.join(out, "glue")
   os.makedirs(root, exist_ok=True)
   for task in tasks:
-    source = os.path.join(os.path.abspath(glue_dir), TASK_DIRS[task])
+    folder = glue_data.get_task(task).tsv_dir
+    source = os.path.join(os.path.abspath(glue_dir), folder)
     if not os.path.isfile(os.path.join(source, "dev.tsv")):
-      raise FileNotFoundError(f"--glue_dir={glue_dir} has no {TASK_DIRS[task]}/dev.tsv;"
+      raise FileNotFoundError(f"--glue_dir={glue_dir} has no {folder}/dev.tsv;"
                               " pass the GLUE root holding it, or leave the task out "
                               "of --tasks")
-    target = os.path.join(root, TASK_DIRS[task])
-    if task == "qnli":
+    target = os.path.join(root, folder)
+    if not os.path.isfile(os.path.join(source, "train.tsv")):
       if not os.path.isfile(os.path.join(target, "dev.tsv")):
         split_in_halves(os.path.join(source, "dev.tsv"), target)
     elif not os.path.exists(target):
@@ -124,10 +126,11 @@ def selection_root(data_dir: str, out: str, tasks) -> str:
   """`<out>/glue_select`: each task's selection split (`carve_selection_split`)."""
   root = os.path.join(out, "glue_select")
   for task in tasks:
-    target = os.path.join(root, TASK_DIRS[task])
+    folder = glue_data.get_task(task).tsv_dir
+    target = os.path.join(root, folder)
     if not os.path.isfile(os.path.join(target, "dev.tsv")):
       carve_selection_split(
-          os.path.join(data_dir, TASK_DIRS[task], "train.tsv"), target,
+          os.path.join(data_dir, folder, "train.tsv"), target,
           header=glue_data.get_task(task).headerless_layout is None)
   return root
 
@@ -427,9 +430,12 @@ def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
             blimp_dir: str = "", blimp_max_pairs: int = 0,
             blimp_curve_pairs: int = 0, command: str = "") -> dict:
   out = os.path.abspath(out)
-  unknown = sorted(set(tasks) - set(TASK_DIRS))
+  single_dev = [t.name for t in glue_data.TASKS.values()
+                if [e.tsv_file for e in t.eval_splits] == ["dev.tsv"]]
+  unknown = sorted(set(tasks) - set(single_dev))
   if unknown:
-    raise ValueError(f"--tasks: {unknown} not supported; use some of {sorted(TASK_DIRS)}")
+    raise ValueError(f"--tasks: {unknown} not supported (the comparison scores one "
+                     f"dev.tsv per task); use some of {sorted(single_dev)}")
   module = config_lib.load_config_module(config_file)
   arg = config_file.split(":", 1)[1] if ":" in config_file else None
   if not hasattr(module, "get_finetune"):
