@@ -59,6 +59,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=5000)
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--source", default="pydoc:")
+  parser.add_argument("--vocab_size", type=int, default=2000)  # pydoc: holds ~4k.
   parser.add_argument("--plot", default=str(REPO / "docs" / "soak.png"))
   args = parser.parse_args()
   if os.path.exists(args.workdir) and os.listdir(args.workdir):
@@ -68,7 +69,8 @@ def main() -> None:
              f"--config.data.source={args.source}", f"--config.total_steps={args.steps}",
              f"--config.batch_size={args.batch_size}", "--config.log_every=100",
              "--config.eval_every=500", "--config.checkpoint_every=100",
-             "--config.keep_checkpoints=3"]
+             "--config.keep_checkpoints=3",
+             f"--config.tokenizer.vocab_size={args.vocab_size}"]
   started = time.time()
   with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
