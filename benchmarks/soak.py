@@ -70,7 +70,8 @@ def main() -> None:
              f"--config.batch_size={args.batch_size}", "--config.log_every=100",
              "--config.eval_every=500", "--config.checkpoint_every=100",
              "--config.keep_checkpoints=3",
-             f"--config.tokenizer.vocab_size={args.vocab_size}"]
+             f"--config.tokenizer.vocab_size={args.vocab_size}",
+             "--config.data.eval_fraction=0.05", "--config.eval_batches=4"]
   started = time.time()
   with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
