@@ -25,6 +25,21 @@ def load_config_module(path: str):
   return module
 
 
+def dropout_and_kernel_errors(c: ml_collections.ConfigDict,
+                              prefix: str = "") -> list[str]:
+  """Dropout rates and the attention kernel of a pretraining config's `model`
+  (prefix 'model.') or of a fine-tuning config (prefix ''), as messages."""
+  errors = []
+  if not (0.0 <= c.dropout < 1.0 and 0.0 <= c.attention_dropout < 1.0):
+    errors.append(f"{prefix}dropout and {prefix}attention_dropout must be in [0, 1)")
+  activation = c.get("activation_dropout", 0.0)
+  if not 0.0 <= activation < 1.0:
+    errors.append(f"{prefix}activation_dropout={activation} must be in [0, 1)")
+  return errors + attention.config_errors(
+      c.get("attention_impl", "auto"), dtype=c.dtype,
+      attention_dropout=c.attention_dropout, key=f"{prefix}attention_impl")
+
+
 def set_path(config: ml_collections.ConfigDict, dotted: str, value) -> None:
   """config['a']['b'] = value for dotted='a.b' (a sweep's or a command line's key)."""
   *parents, leaf = dotted.split(".")
@@ -130,17 +145,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
          "--config.model.objective=maelm or 3ml for a decoder")
   need(0.0 <= m.decoder_dropout < 1.0,
        f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
-  need(0.0 <= m.dropout < 1.0 and 0.0 <= m.attention_dropout < 1.0,
-       "model.dropout and model.attention_dropout must be in [0, 1)")
-  need(0.0 <= m.get("activation_dropout", 0.0) < 1.0,
-       f"model.activation_dropout={m.get('activation_dropout')} must be in [0, 1)")
+  for problem in dropout_and_kernel_errors(m, "model."):
+    need(False, problem)
   need(m.get("relative_bias_init", "normal") in model_lib.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
        f"{model_lib.RELATIVE_BIAS_INITS}")
-  for problem in attention.config_errors(m.get("attention_impl", "auto"), dtype=m.dtype,
-                                        attention_dropout=m.attention_dropout,
-                                        key="model.attention_impl"):
-    need(False, problem)
   policy = m.get("remat_policy", "none")
   need(policy in model_lib.REMAT_POLICIES,
        f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")

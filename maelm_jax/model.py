@@ -191,6 +191,17 @@ def _dense_init():
   return nn.initializers.normal(stddev=0.02)  # BERT init.
 
 
+def _dense(cfg, features: int, name: str, kernel_axes: tuple[str, str],
+           bias_axis: str, init=None) -> nn.Dense:
+  """A Dense layer in `cfg.dtype`, BERT-initialised unless `init`, its kernel and
+  bias named by logical axes (sharding.LOGICAL_AXIS_RULES)."""
+  return nn.Dense(features, dtype=cfg.dtype, name=name,
+                  kernel_init=nn.with_logical_partitioning(init or _dense_init(),
+                                                           kernel_axes),
+                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                         (bias_axis,)))
+
+
 def _residual_out_init(cfg):
   return nn.initializers.zeros if cfg.zero_init_residual else _dense_init()
 
@@ -327,19 +338,12 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.cfg
-    h = nn.Dense(cfg.mlp, dtype=cfg.dtype, name="wi",
-                 kernel_init=nn.with_logical_partitioning(_dense_init(),
-                                                          ("embed", "mlp")),
-                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                                        ("mlp",)))(x)
+    h = _dense(cfg, cfg.mlp, "wi", ("embed", "mlp"), "mlp")(x)
     h = nn.gelu(h, approximate=False)
     h = _constrain(h, ("batch", "act_len", "act_mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
-    return nn.Dense(cfg.hidden, dtype=cfg.dtype, name="wo",
-                    kernel_init=nn.with_logical_partitioning(_residual_out_init(cfg),
-                                                             ("mlp", "embed")),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                                           ("norm",)))(h)
+    return _dense(cfg, cfg.hidden, "wo", ("mlp", "embed"), "norm",
+                  init=_residual_out_init(cfg))(h)
 
 
 class TransformerLayer(nn.Module):
@@ -459,11 +463,7 @@ class LMHead(nn.Module):
   @nn.compact
   def __call__(self, x, embedding):
     cfg = self.cfg
-    x = nn.Dense(cfg.hidden, dtype=cfg.dtype, name="dense",
-                 kernel_init=nn.with_logical_partitioning(_dense_init(),
-                                                          ("embed", "embed_out")),
-                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                                        ("norm",)))(x)
+    x = _dense(cfg, cfg.hidden, "dense", ("embed", "embed_out"), "norm")(x)
     x = _layer_norm(cfg, "ln")(nn.gelu(x, approximate=False))
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                            ("vocab",)),

@@ -47,7 +47,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from maelm_jax import (attention, checkpoints, config_lib, metric_writers, preemption,
+from maelm_jax import (checkpoints, config_lib, metric_writers, preemption,
                        sharding, train_lib, workdir as workdir_lib)
 from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
 from maelm_jax.finetune import squad_data, squad_metrics
@@ -301,13 +301,7 @@ def validate(config) -> None:
        "off, 0.5-0.9 is usual")
   need(0.0 <= config.warmup_ratio < 1.0,
        f"warmup_ratio={config.warmup_ratio} must be in [0, 1), e.g. 0.06")
-  need(0.0 <= config.dropout < 1.0 and 0.0 <= config.attention_dropout < 1.0,
-       "dropout and attention_dropout must be in [0, 1)")
-  need(0.0 <= config.get("activation_dropout", 0.0) < 1.0,
-       f"activation_dropout={config.get('activation_dropout')} must be in [0, 1)")
-  for problem in attention.config_errors(config.get("attention_impl", "auto"),
-                                        dtype=config.dtype,
-                                        attention_dropout=config.attention_dropout):
+  for problem in config_lib.dropout_and_kernel_errors(config):
     need(False, problem)
   need(config.dtype in ("", "bfloat16", "float32"),
        f"dtype={config.dtype!r} must be '' (the pretrained model's), 'bfloat16' or "
