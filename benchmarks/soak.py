@@ -60,6 +60,8 @@ def main() -> None:
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--source", default="pydoc:")
   parser.add_argument("--vocab_size", type=int, default=2000)  # pydoc: holds ~4k.
+  parser.add_argument("--checkpoint_every", type=int, default=100)
+  parser.add_argument("--eval_every", type=int, default=500)
   parser.add_argument("--plot", default=str(REPO / "docs" / "soak.png"))
   args = parser.parse_args()
   if os.path.exists(args.workdir) and os.listdir(args.workdir):
@@ -68,7 +70,8 @@ def main() -> None:
              "--config=configs/pretrain.py:objective=maelm,size=tiny",
              f"--config.data.source={args.source}", f"--config.total_steps={args.steps}",
              f"--config.batch_size={args.batch_size}", "--config.log_every=100",
-             "--config.eval_every=500", "--config.checkpoint_every=100",
+             f"--config.eval_every={args.eval_every}",
+             f"--config.checkpoint_every={args.checkpoint_every}",
              "--config.keep_checkpoints=3",
              f"--config.tokenizer.vocab_size={args.vocab_size}",
              "--config.data.eval_fraction=0.05", "--config.eval_batches=4"]
@@ -132,7 +135,7 @@ def main() -> None:
   bottom.set_ylim(0, np.nanmax(step_ms) * 1.15)
   bottom.set_xlabel("step")
   fig.suptitle(f"Soak: tiny MAE-LM, {steps[-1]:,} steps, batch {args.batch_size}; "
-               "eval every 500, checkpoint every 100")
+               f"eval every {args.eval_every}, checkpoint every {args.checkpoint_every}")
   fig.tight_layout()
   fig.savefig(plot, dpi=90)
   print(f"plot: {plot}")
