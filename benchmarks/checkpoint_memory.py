@@ -1,0 +1,58 @@
+r"""Does saving checkpoints grow the process's memory? Saves a 10 MB state over
+and over with the run's checkpoint manager (`checkpoints.make_manager`: async,
+3 kept, checksums recorded) or with orbax's own (`--manager=orbax`, same
+options), printing RSS every 50 saves (after waiting for the save to finish).
+
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop --manager=orbax
+"""
+
+import argparse
+import pathlib
+import shutil
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+
+from maelm_jax import checkpoints  # noqa: E402
+
+
+def rss_mb() -> float:
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--saves", type=int, default=600)
+  parser.add_argument("--dir", default="/tmp/ckloop")
+  parser.add_argument("--manager", choices=("maelm", "orbax"), default="maelm")
+  args = parser.parse_args()
+  shutil.rmtree(args.dir, ignore_errors=True)
+  state = {"w": jnp.asarray(np.random.rand(2_500_000).astype(np.float32)),
+           "step": jnp.asarray(0)}
+  if args.manager == "maelm":
+    manager = checkpoints.make_manager(args.dir, ml_collections.ConfigDict(
+        {"keep_checkpoints": 3, "checkpoint_keep_period": 0}), item_names=("state",))
+  else:
+    manager = ocp.CheckpointManager(args.dir, item_names=("state",),
+                                    options=ocp.CheckpointManagerOptions(
+                                        max_to_keep=3, enable_async_checkpointing=True,
+                                        cleanup_tmp_directories=True))
+  for i in range(1, args.saves + 1):
+    manager.save(i, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+                 force=True)
+    if i % 50 == 0:
+      manager.wait_until_finished()
+      print(i, round(rss_mb(), 1), flush=True)
+  manager.wait_until_finished()
+  manager.close()
+
+
+if __name__ == "__main__":
+  main()
