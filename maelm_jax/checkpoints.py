@@ -228,9 +228,30 @@ class Manager(ocp.CheckpointManager):
         raise DiskFull(disk_full_message(str(self.directory))) from None
       raise
 
+  def _check_room(self) -> None:
+    """Refuses a save that cannot fit (free space under the newest complete
+    checkpoint's size) before orbax starts it: orbax's failure mid-write is said
+    in one line too, but its I/O threads can still print tracebacks while they
+    wind down (asyncio's closed event loop, timing-dependent)."""
+    directory = str(self.directory)
+    if not os.path.isdir(directory):  # Not a local disk (gs://...): orbax's say.
+      return
+    committed = [os.path.join(directory, n) for n in os.listdir(directory)
+                 if n.isdigit() and is_committed(os.path.join(directory, n))]
+    if not committed:
+      return
+    newest = max(committed, key=lambda d: int(os.path.basename(d)))
+    try:
+      need, free = sum(_step_files(newest).values()), shutil.disk_usage(directory).free
+    except OSError:
+      return
+    if free < need:
+      raise DiskFull(disk_full_message(directory))
+
   def save(self, *args, **kwargs):
     self._said_plainly(super().wait_until_finished)
     self._said_plainly(self._record_new_checksums)
+    self._check_room()
     return self._said_plainly(super().save, *args, **kwargs)
 
   def wait_until_finished(self):

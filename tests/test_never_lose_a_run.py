@@ -358,7 +358,10 @@ def _can_mount_tmpfs(where) -> bool:
 def test_a_full_disk_stops_in_one_line_and_the_same_command_resumes(
     tmp_path, tokenizer_file, reference):
   """The workdir on a real 22 MB tmpfs (a private mount namespace): the save of
-  step 15 cannot fit beside steps 5 and 10 (8.5 MB each). The run stops with
+  step 15 cannot fit beside steps 5 and 10 (8.5 MB each), and is refused before
+  orbax starts it (`Manager._check_room`: orbax failing mid-write also ends in the
+  one line, but its I/O threads printed tracebacks as they wound down, timing-
+  dependent, twice in this file's runs). The run stops with
   one line naming the disk and the space a checkpoint takes, the newest
   complete checkpoint stays readable; with the disk grown, the same command
   finishes with the losses of an uninterrupted run, each step logged once."""
