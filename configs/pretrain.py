@@ -49,6 +49,9 @@ def get_config(arg=None):
   config.warmup_ratio = 0.0
   config.end_learning_rate_ratio = 0.0  # Linear decay to this fraction of the peak.
   config.weight_decay = 0.01
+  # "matrices": AdamW decays kernels and embeddings, not biases nor LayerNorm
+  # scales (BERT's rule); "all": every parameter (the MAE-LM release's fairseq).
+  config.weight_decay_on = "matrices"
   config.adam_b1 = 0.9
   config.adam_b2 = 0.98
   config.adam_eps = 1e-6
@@ -92,6 +95,9 @@ def get_config(arg=None):
   # Documents are dealt to this many packed streams (0: one per process). Fix it
   # (e.g. 8) to get the same batches on any process count that divides it.
   config.data.num_streams = 0
+  # "packed": rows cross documents ([SEP] between them), no padding; "complete_doc":
+  # a row never crosses a document's end and is padded (the MAE-LM release).
+  config.data.rows = "packed"
 
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 8000
@@ -112,6 +118,8 @@ def get_config(arg=None):
   config.model.relative_position_bias = True
   config.model.relative_buckets = 32
   config.model.relative_max_distance = 128
+  config.model.relative_bucket_fn = "t5"  # or the MAE-LM release's "mae_lm".
+  config.model.untie_cls_position = True  # [CLS] pairs without position bias (TUPE).
   config.model.relative_bias_init = "normal"  # or "local" (model.local_relative_bias_init)
   config.model.zero_init_residual = False
   config.model.dropout = 0.1
@@ -167,7 +175,15 @@ RECIPES = ("fast", "paper")
 
 def apply_recipe(config, recipe: str) -> None:
   if recipe == "paper":
-    return  # The fields above are the MAE-LM / RoBERTa settings.
+    # The fields above are the MAE-LM / RoBERTa settings; these five are the
+    # official MAE-LM release's own (yumeng5/MAE-LM, run_pretrain.sh and
+    # fairseq/models/ae; README "recipe=paper against the release").
+    config.model.relative_bucket_fn = "mae_lm"
+    config.model.relative_buckets = 64
+    config.model.untie_cls_position = False
+    config.weight_decay_on = "all"
+    config.data.rows = "complete_doc"
+    return
   config.learning_rate = FAST_LEARNING_RATES[config.model.size]
   config.warmup_steps = 200
   config.model.ln_type = "pre"

@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from maelm_jax import attention, model as model_lib
+from maelm_jax import attention, model as model_lib, relative_position
 
 
 def load_config_module(path: str):
@@ -147,9 +147,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
   for problem in dropout_and_kernel_errors(m, "model."):
     need(False, problem)
-  need(m.get("relative_bias_init", "normal") in model_lib.RELATIVE_BIAS_INITS,
+  need(m.get("relative_bias_init", "normal") in relative_position.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
-       f"{model_lib.RELATIVE_BIAS_INITS}")
+       f"{relative_position.RELATIVE_BIAS_INITS}")
+  need(config.data.get("rows", "packed") in ("packed", "complete_doc"),
+       f"data.rows={config.data.get('rows')!r} must be 'packed' or 'complete_doc'")
+  need(config.get("weight_decay_on", "matrices") in ("matrices", "all"),
+       f"weight_decay_on={config.get('weight_decay_on')!r} must be 'matrices' or 'all'")
+  need(m.get("relative_bucket_fn", "t5") in relative_position.BUCKET_FNS,
+       f"model.relative_bucket_fn={m.get('relative_bucket_fn')!r} must be one of "
+       f"{relative_position.BUCKET_FNS}")
   policy = m.get("remat_policy", "none")
   need(policy in model_lib.REMAT_POLICIES,
        f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")
@@ -231,6 +238,10 @@ ADDED_KEYS = {
     "model.decoder_relative_position_bias": False,
     "model.tie_embeddings": True,
     "model.layer_norm_eps": 1e-5,
+    "model.relative_bucket_fn": "t5",
+    "model.untie_cls_position": True,
+    "weight_decay_on": "matrices",
+    "data.rows": "packed",
     "start_over": False,
     "dry_run": False,
     "keep_final_checkpoint": False,

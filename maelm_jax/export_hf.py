@@ -131,7 +131,7 @@ def _flatten(prefix: str, tree: dict, out: dict) -> dict:
 def maelm_tensors(params, model_cfg, with_lm_head: bool) -> dict:
   """State dict of `modeling_maelm.MaelmModel` (or `MaelmForMaskedLM`)."""
   import numpy as np
-  from maelm_jax import model as model_lib
+  from maelm_jax import model as model_lib, relative_position
   enc = params["encoder"]
   tree = {"token_embed": {"weight": params["token_embed"]["embedding"]},
           "encoder": {"position_embed": {"weight": enc["position_embed"]["embedding"]}}}
@@ -144,9 +144,7 @@ def maelm_tensors(params, model_cfg, with_lm_head: bool) -> dict:
     n = model_cfg.max_positions
     # The buckets the JAX model uses, stored exactly (a float32 log on another
     # library could round a bucket boundary the other way).
-    buckets = model_lib.relative_position_bucket(
-        np.arange(-(n - 1), n), model_cfg.relative_buckets,
-        model_cfg.relative_max_distance)
+    buckets = relative_position.bucket(np.arange(-(n - 1), n), model_cfg)
     e["relative_bias"] = {"table": enc["relative_bias"]["table"],
                           "buckets": np.asarray(buckets, np.int64)}
   e["layers"] = {}
@@ -232,7 +230,8 @@ def hf_config(kind: str, model_cfg, with_lm_head: bool) -> dict:
               ln_type=model_cfg.ln_type,
               relative_position_bias=model_cfg.relative_position_bias,
               relative_buckets=model_cfg.relative_buckets,
-              relative_max_distance=model_cfg.relative_max_distance)
+              relative_max_distance=model_cfg.relative_max_distance,
+              untie_cls_position=model_cfg.untie_cls_position)
 
 
 # --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax import attention, masking, param_layout
+from maelm_jax import attention, masking, param_layout, relative_position
 
 SIZES = {
     # name: (layers, hidden, heads, mlp, default decoder layers)
@@ -83,6 +83,11 @@ class ModelConfig:
   relative_position_bias: bool = True
   relative_buckets: int = 32
   relative_max_distance: int = 128
+  # 't5' or the MAE-LM release's 'mae_lm' (relative_position.py).
+  relative_bucket_fn: str = "t5"
+  # Pairs that touch position 0 ([CLS]) get no position bias (TUPE); False as
+  # the MAE-LM release.
+  untie_cls_position: bool = True
   # 'local': attention starts out preferring near neighbours (see
   # `local_relative_bias_init`); 'normal': BERT's N(0, 0.02), i.e. no preference.
   relative_bias_init: str = "normal"
@@ -141,6 +146,8 @@ class ModelConfig:
         relative_position_bias=model_cfg.relative_position_bias,
         relative_buckets=model_cfg.relative_buckets,
         relative_max_distance=model_cfg.relative_max_distance,
+        relative_bucket_fn=model_cfg.get("relative_bucket_fn", "t5"),
+        untie_cls_position=model_cfg.get("untie_cls_position", True),
         relative_bias_init=model_cfg.get("relative_bias_init", "normal"),
         zero_init_residual=model_cfg.get("zero_init_residual", False),
         dropout=model_cfg.dropout,
@@ -210,51 +217,6 @@ def _constrain(x, axes):
   return nn.with_logical_constraint(x, axes)
 
 
-def relative_position_bucket(relative_position: jax.Array, num_buckets: int,
-                             max_distance: int) -> jax.Array:
-  """T5's bidirectional bucketing: exact for small offsets, log-spaced beyond."""
-  num_buckets //= 2
-  bucket = (relative_position > 0).astype(jnp.int32) * num_buckets
-  distance = jnp.abs(relative_position)
-  max_exact = num_buckets // 2
-  is_small = distance < max_exact
-  log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / (
-      math.log(max_distance / max_exact))
-  large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
-  large = jnp.minimum(large, num_buckets - 1)
-  return bucket + jnp.where(is_small, distance, large)
-
-
-RELATIVE_BIAS_INITS = ("normal", "local")
-
-
-def local_relative_bias_init(num_buckets: int, max_distance: int):
-  """Initialiser of the [buckets, heads] table: bias = -slope_h * distance.
-
-  ALiBi-like slopes, geometric from 1 (head 0: a neighbour at distance d gets
-  e^-d of the weight of the token itself) down to 1/64 (the last head: nearly
-  uniform). Distance is the smallest |offset| that falls into the bucket. With
-  it, attention reads the neighbourhood from step 0, which is what a masked
-  slot needs first; with N(0, 0.02) every offset looks alike until the table
-  has learned otherwise, and a decoder that sees no neighbours can settle on
-  the unigram guess before it does (benchmarks/RESULTS.md, "Recipes").
-  """
-  def init(key, shape, dtype=jnp.float32):
-    del key
-    # Computed only when the table is created, never in the forward pass.
-    with jax.ensure_compile_time_eval():  # Constants, also under jit.
-      offsets = jnp.arange(-max_distance, max_distance + 1)
-      buckets = np.asarray(relative_position_bucket(offsets, num_buckets,
-                                                    max_distance))
-    # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
-    distance = np.full((num_buckets,), float(max_distance), np.float32)
-    np.minimum.at(distance, buckets, np.abs(np.asarray(offsets)).astype(np.float32))
-    heads = shape[1]
-    slopes = 64.0 ** (-jnp.arange(heads) / max(heads - 1, 1))
-    return (-distance[:, None] * slopes[None, :]).astype(dtype)
-  return init
-
-
 class RelativePositionBias(nn.Module):
   """One table shared by all layers (as MAE-LM/COCO-LM do), indexed by the
   original positions, so removed tokens leave the distances of the others intact."""
@@ -264,22 +226,22 @@ class RelativePositionBias(nn.Module):
   @nn.compact
   def __call__(self, q_positions, k_positions):
     cfg = self.cfg
-    init = (local_relative_bias_init(cfg.relative_buckets, cfg.relative_max_distance)
+    init = (relative_position.local_bias_init(cfg)
             if cfg.relative_bias_init == "local" else _dense_init())
     table = self.param(
         "table",
         nn.with_logical_partitioning(init, ("rel_buckets", "heads")),
         (cfg.relative_buckets, cfg.num_heads), jnp.float32)
     rel = k_positions[:, None, :] - q_positions[:, :, None]  # [B, n, m]
-    buckets = relative_position_bucket(rel, cfg.relative_buckets,
-                                       cfg.relative_max_distance)
-    bias = table[buckets]  # [B, n, m, H]
-    # [CLS] (position 0) is untied from positions (TUPE, Ke et al. 2021): it reads
-    # and is read by content alone. Fine-tuning classifies from [CLS]; tied, a
-    # local table made it see only its first neighbours, and GLUE fine-tuning of
-    # such encoders stayed at chance.
-    untied = (q_positions[:, :, None] == 0) | (k_positions[:, None, :] == 0)
-    bias = jnp.where(untied[..., None], 0.0, bias)
+    bias = table[relative_position.bucket(rel, cfg)]  # [B, n, m, H]
+    if cfg.untie_cls_position:
+      # [CLS] (position 0) is untied from positions (TUPE, Ke et al. 2021): it
+      # reads and is read by content alone. Fine-tuning classifies from [CLS];
+      # tied, a local table made it see only its first neighbours, and GLUE
+      # fine-tuning of such encoders stayed at chance. (The MAE-LM release, and
+      # recipe=paper, bias every pair.)
+      untied = (q_positions[:, :, None] == 0) | (k_positions[:, None, :] == 0)
+      bias = jnp.where(untied[..., None], 0.0, bias)
     return jnp.transpose(bias, (0, 3, 1, 2))  # [B, H, n, m]
 
 

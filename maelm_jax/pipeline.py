@@ -97,11 +97,12 @@ class _PackRowsIterator(grain.DatasetIterator):
   """
 
   def __init__(self, parent: grain.DatasetIterator, *, seq_len: int,
-               cls_id: int, sep_id: int):
+               cls_id: int, sep_id: int, complete_docs: bool = False):
     super().__init__(parent)
     self._seq_len = seq_len
     self._cls_id = cls_id
     self._sep_id = sep_id
+    self._complete_docs = complete_docs
     self._exhausted = False
     # The chunk the next row starts in, the parent state from before it was
     # read, and how many of its tokens are used.
@@ -141,14 +142,28 @@ class _PackRowsIterator(grain.DatasetIterator):
         # The stream ended inside this row: drop the partial row. The state
         # stays "exhausted", so restoring it also ends the iteration.
         raise StopIteration
-      take = min(end - filled, len(self._chunk) - self._chunk_offset)
-      row[filled:filled + take] = self._chunk[
-          self._chunk_offset:self._chunk_offset + take]
+      available = self._chunk[self._chunk_offset:]
+      take = min(end - filled, len(available))
+      if self._complete_docs:
+        if filled == 1 and available[0] == self._sep_id:
+          # The [SEP] of a document that filled the previous row to the end.
+          self._advance(1)
+          continue
+        ends = np.flatnonzero(available[:take] == self._sep_id)
+        take = int(ends[0]) + 1 if ends.size else take
+      row[filled:filled + take] = available[:take]
       filled += take
-      self._chunk_offset += take
-      if self._chunk_offset == len(self._chunk):
-        self._chunk = None
+      self._advance(take)
+      if self._complete_docs and row[filled - 1] == self._sep_id:
+        # The document ended: its [SEP] closes the row, padding fills the rest.
+        row[filled:] = tokenizer_lib.PAD_ID
+        break
     return {"input_ids": row}
+
+  def _advance(self, num_tokens: int) -> None:
+    self._chunk_offset += num_tokens
+    if self._chunk_offset == len(self._chunk):
+      self._chunk = None
 
   def get_state(self) -> dict[str, Any]:
     if self._chunk is None:
@@ -181,13 +196,19 @@ class PackRowsIterDataset(grain.IterDataset):
   `seq_len - 2` tokens, framed by [CLS] and [SEP]; elements are
   `{"input_ids": int32[seq_len]}`. A partial last row is dropped.
 
+  With `complete_docs` (`data.rows=complete_doc`, the MAE-LM release's
+  `--sample-break-mode complete_doc`) a row never crosses a document's end: it
+  stops at the document's [SEP] and is padded; a document longer than a row
+  continues in the next (cut by token count, where fairseq cuts between
+  sentences). Every row is then `[CLS] tokens of one document [SEP] [PAD]...`.
+
   grain's ConcatThenSplitIterDataset is not used: it pads the final partial
   row, emits segment/position features, knows nothing of [CLS]/[SEP] framing,
   and restores by replaying elements since its last internal checkpoint.
   """
 
   def __init__(self, parent: grain.IterDataset, *, seq_len: int, cls_id: int,
-               sep_id: int):
+               sep_id: int, complete_docs: bool = False):
     super().__init__(parent)
     if seq_len < 3:
       raise ValueError(f"seq_len={seq_len} leaves no room for tokens between "
@@ -195,10 +216,12 @@ class PackRowsIterDataset(grain.IterDataset):
     self._seq_len = seq_len
     self._cls_id = cls_id
     self._sep_id = sep_id
+    self._complete_docs = complete_docs
 
   def __iter__(self) -> _PackRowsIterator:
     return _PackRowsIterator(self._parent.__iter__(), seq_len=self._seq_len,
-                             cls_id=self._cls_id, sep_id=self._sep_id)
+                             cls_id=self._cls_id, sep_id=self._sep_id,
+                             complete_docs=self._complete_docs)
 
   def __str__(self) -> str:
     return (f"PackRowsIterDataset(seq_len={self._seq_len}, "
@@ -209,7 +232,7 @@ def make_pretrain_dataset(
     source, tokenizer: tokenizer_lib.Tokenizer, *, seq_len: int,
     batch_size: int, seed: int, shuffle: bool = True, repeat: bool = True,
     process_index: int = 0, process_count: int = 1, num_streams: int = 0,
-    num_workers: int = 0) -> grain.IterDataset:
+    num_workers: int = 0, complete_docs: bool = False) -> grain.IterDataset:
   """Batches of packed pretraining rows for this process.
 
   Process-count invariance: the documents are dealt to `num_streams` disjoint
@@ -239,6 +262,7 @@ def make_pretrain_dataset(
     num_workers: >0 tokenizes and packs in that many worker processes (grain
       `mp_prefetch`; each packs its own slice of the documents, so the batches
       depend on `num_workers`, deterministically).
+    complete_docs: rows never cross a document's end (`PackRowsIterDataset`).
 
   Returns:
     A grain IterDataset of `{"input_ids": int32[batch_size, seq_len]}`.
@@ -275,7 +299,7 @@ def make_pretrain_dataset(
   streams = [
       _packed_stream(source, tokenizer, stream, num_streams, seq_len=seq_len,
                      rows=rows_per_stream, seed=seed, shuffle=shuffle,
-                     repeat=repeat)
+                     repeat=repeat, complete_docs=complete_docs)
       for stream in range(first, first + streams_per_process)]
   if len(streams) == 1:
     it = streams[0]
@@ -317,7 +341,7 @@ PARENT_POLL_S = 0.5
 
 def _packed_stream(source, tokenizer, stream: int, num_streams: int, *,
                    seq_len: int, rows: int, seed: int, shuffle: bool,
-                   repeat: bool) -> grain.IterDataset:
+                   repeat: bool, complete_docs: bool = False) -> grain.IterDataset:
   """Batches of `rows` packed rows from documents `[stream::num_streams]`."""
   ds = grain.MapDataset.source(source)
   ds = ds[stream::num_streams]
@@ -330,7 +354,7 @@ def _packed_stream(source, tokenizer, stream: int, num_streams: int, *,
   it = ds.to_iter_dataset(grain.ReadOptions(
       num_threads=_PREFETCH_THREADS, prefetch_buffer_size=_PREFETCH_CHUNKS))
   it = PackRowsIterDataset(it, seq_len=seq_len, cls_id=tokenizer.cls_id,
-                           sep_id=tokenizer.sep_id)
+                           sep_id=tokenizer.sep_id, complete_docs=complete_docs)
   return it.batch(rows, drop_remainder=True)
 
 

@@ -365,7 +365,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     return pipeline.make_pretrain_dataset(
         source, tokenizer, seq_len=config.seq_len, batch_size=local_batch,
         process_index=jax.process_index(), process_count=jax.process_count(),
-        num_streams=config.data.num_streams, **kwargs)
+        num_streams=config.data.num_streams,
+        complete_docs=config.data.rows == "complete_doc", **kwargs)
 
   train_iter = iter(dataset(train_source, seed=config.seed, shuffle=True,
                             repeat=True, num_workers=config.data.num_workers))

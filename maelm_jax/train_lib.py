@@ -46,10 +46,19 @@ def learning_rate_schedule(config) -> optax.Schedule:
   return optax.join_schedules([warmup, decay], [warmup_steps])
 
 
+WEIGHT_DECAY_RULES = ("matrices", "all")
+
+
 def weight_decay_mask(params):
   """AdamW decays matrices and embeddings; not biases nor LayerNorm scales."""
   return jax.tree_util.tree_map_with_path(
       lambda path, _: path[-1].key not in ("bias", "scale"), params)
+
+
+def _decay_mask(config):
+  """config.weight_decay_on: 'matrices' (weight_decay_mask, BERT's rule) or 'all'
+  (every parameter, as the MAE-LM release's fairseq AdamW does)."""
+  return None if config.get("weight_decay_on", "matrices") == "all" else weight_decay_mask
 
 
 def _dict_keys(path) -> tuple[str, ...]:
@@ -159,7 +168,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
     return optax.chain(
         optax.clip_by_global_norm(config.grad_clip_norm),
         optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps),
-        optax.add_decayed_weights(config.weight_decay, mask=weight_decay_mask),
+        optax.add_decayed_weights(config.weight_decay, mask=_decay_mask(config)),
         scale_by_relative_size(),
         optax.scale_by_learning_rate(schedule),
         *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
@@ -168,7 +177,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
       optax.clip_by_global_norm(config.grad_clip_norm),
       optax.adamw(schedule, b1=config.adam_b1,
                   b2=config.adam_b2, eps=config.adam_eps,
-                  weight_decay=config.weight_decay, mask=weight_decay_mask),
+                  weight_decay=config.weight_decay, mask=_decay_mask(config)),
       *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
   )
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config_lib, masking, model as model_lib
+from maelm_jax import config_lib, masking, model as model_lib, relative_position
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -128,7 +128,7 @@ def test_encoder_view_needs_no_decoder_and_matches_pretraining_encoder():
 
 def test_relative_bucket_is_symmetric_exact_then_logarithmic():
   rel = jnp.arange(-200, 201)
-  buckets = np.asarray(model_lib.relative_position_bucket(rel, 32, 128))
+  buckets = np.asarray(relative_position.t5_bucket(rel, 32, 128))
   assert buckets.min() >= 0 and buckets.max() < 32
   assert len(set(buckets[195:206])) == 11  # Distances below 8 are exact.
   assert buckets[200 + 150] == buckets[200 + 128]  # Beyond max distance: one bucket.
@@ -149,9 +149,9 @@ def test_bf16_compute_keeps_fp32_params_and_logits():
 
 
 def test_local_relative_bias_init_prefers_near_neighbours():
-  table = np.asarray(model_lib.local_relative_bias_init(32, 128)(None, (32, 4)))
+  table = np.asarray(relative_position.local_bias_init(build("mlm"))(None, (32, 4)))
   offsets = jnp.arange(-128, 129)
-  buckets = np.asarray(model_lib.relative_position_bucket(offsets, 32, 128))
+  buckets = np.asarray(relative_position.t5_bucket(offsets, 32, 128))
   bias = table[buckets]  # [offset, head]
   # Head 0: slope 1 (bias -|d| for exact buckets); the last head: slope 1/64.
   for d in (0, 1, 2, 7):
@@ -223,7 +223,7 @@ def test_cls_is_untied_from_relative_positions():
   bias = np.asarray(module.apply(params, positions, positions))[0]  # [H, n, m]
   assert not np.any(bias[:, 0, :]) and not np.any(bias[:, :, 0])
   table = np.asarray(params["params"]["table"])
-  buckets = np.asarray(model_lib.relative_position_bucket(
+  buckets = np.asarray(relative_position.t5_bucket(
       positions[0][None, :] - positions[0][:, None], cfg.relative_buckets,
       cfg.relative_max_distance))
   np.testing.assert_allclose(bias[:, 1:, 1:],

@@ -83,11 +83,11 @@ def test_tokenize_documents_builds_a_sep_terminated_stream(tokenizer):
   assert pipeline.TokenizeDocuments(tokenizer).map(["", " "]).shape == (0,)
 
 
-def _packed(chunks, seq_len):
+def _packed(chunks, seq_len, complete_docs=False):
   parent = grain.MapDataset.source(
       ListSource([np.asarray(c, np.int32) for c in chunks])).to_iter_dataset()
   return pipeline.PackRowsIterDataset(parent, seq_len=seq_len, cls_id=CLS,
-                                      sep_id=SEP)
+                                      sep_id=SEP, complete_docs=complete_docs)
 
 
 def test_packing_layout_exactly():
@@ -127,6 +127,49 @@ def test_packing_resumes_exactly_from_every_position():
     assert len(rest) == len(rows) - k
     np.testing.assert_array_equal(np.reshape(rest, (-1, 7)),
                                   np.reshape(rows[k:], (-1, 7)))
+
+
+def test_complete_doc_rows_never_cross_a_document_layout_exactly():
+  PAD = 0
+  chunks = [[5, 6, 7, SEP], [8, SEP], [], [9, 10, 11, 12, 13, SEP, 14, 15, 16, SEP]]
+  rows = [r["input_ids"].tolist() for r in _packed(chunks, seq_len=5,
+                                                   complete_docs=True)]
+  # Documents 5 6 7 | 8 | 9..13 | 14 15 16. "5 6 7" fills a row exactly (its [SEP]
+  # is the row's); "9..13" is cut by length and its tail "12 13" padded.
+  assert rows == [[CLS, 5, 6, 7, SEP], [CLS, 8, SEP, PAD, PAD],
+                  [CLS, 9, 10, 11, SEP], [CLS, 12, 13, SEP, PAD],
+                  [CLS, 14, 15, 16, SEP]]
+
+
+def test_complete_doc_rows_resume_exactly_and_hold_every_token():
+  rng = np.random.default_rng(1)
+  docs = [rng.integers(5, 100, rng.integers(1, 12)) for _ in range(60)]
+  chunks = [np.concatenate([np.append(d, SEP) for d in docs[i:i + 3]])
+            for i in range(0, 60, 3)]
+  dataset = _packed(chunks, seq_len=8, complete_docs=True)
+  iterator = iter(dataset)
+  states, rows = [], []
+  while True:
+    states.append(json.loads(json.dumps(iterator.get_state())))
+    try:
+      rows.append(next(iterator)["input_ids"])
+    except StopIteration:
+      break
+  rows = np.stack(rows)
+  # Each row: [CLS], tokens of one document, [SEP], then only padding.
+  for row in rows:
+    body = row[1:].tolist()
+    end = body.index(SEP)
+    assert all(t >= 5 for t in body[:end]) and all(t == 0 for t in body[end + 1:])
+  # Read back in order, the rows are the documents (the last partial row aside).
+  tokens = [t for row in rows for t in row[1:] if t >= 5]
+  assert tokens == np.concatenate(docs)[:len(tokens)].tolist()
+  assert len(tokens) > 0.9 * sum(map(len, docs))
+  for k in range(0, len(states), 7):
+    restored = iter(dataset)
+    restored.set_state(states[k])
+    np.testing.assert_array_equal(np.stack([r["input_ids"] for r in restored]),
+                                  rows[k:])
 
 
 def test_packing_rejects_tiny_rows():

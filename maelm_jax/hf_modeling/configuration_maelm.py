@@ -14,8 +14,10 @@ class MaelmConfig(PretrainedConfig):
   ln_type: "pre" (LayerNorm before each sublayer, one after the last layer) or
     "post" (BERT: LayerNorm on the summed embeddings and after each sublayer).
   relative_position_bias: a T5-style bucketed bias, one [buckets, heads] table
-    shared by all layers, added to every layer's attention scores; position 0
-    ([CLS]) neither gives nor gets it.
+    shared by all layers, added to every layer's attention scores (the export
+    stores the run's exact buckets, T5's or the MAE-LM release's).
+  untie_cls_position: position 0 ([CLS]) neither gives nor gets that bias
+    (False for recipe=paper, as the MAE-LM release).
   """
 
   model_type = "maelm"
@@ -24,7 +26,8 @@ class MaelmConfig(PretrainedConfig):
                num_attention_heads=2, intermediate_size=512,
                max_position_embeddings=512, ln_type="pre",
                relative_position_bias=True, relative_buckets=32,
-               relative_max_distance=128, layer_norm_eps=1e-5,
+               relative_max_distance=128, untie_cls_position=True,
+               layer_norm_eps=1e-5,
                tie_word_embeddings=True, objective="maelm", pad_token_id=0,
                bos_token_id=2, eos_token_id=3, **kwargs):
     super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
@@ -40,5 +43,6 @@ class MaelmConfig(PretrainedConfig):
     self.relative_position_bias = relative_position_bias
     self.relative_buckets = relative_buckets
     self.relative_max_distance = relative_max_distance
+    self.untie_cls_position = untie_cls_position
     self.layer_norm_eps = layer_norm_eps
     self.objective = objective

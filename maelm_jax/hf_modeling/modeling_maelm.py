@@ -52,14 +52,15 @@ class MaelmRelativeBias(nn.Module):
     self.register_buffer("buckets", relative_position_bucket(
         offsets, config.relative_buckets, config.relative_max_distance))
     self.max_positions = n
+    self.untie_cls_position = getattr(config, "untie_cls_position", True)
 
   def forward(self, positions):
     """positions [B, n] -> additive bias [B, heads, n, n]."""
     rel = positions[:, None, :] - positions[:, :, None]  # key - query
     bias = self.table[self.buckets[rel + self.max_positions - 1]]  # [B, n, n, H]
-    # Position 0 ([CLS]) reads and is read by content alone (TUPE).
-    untied = (positions[:, :, None] == 0) | (positions[:, None, :] == 0)
-    bias = bias.masked_fill(untied[..., None], 0.0)
+    if self.untie_cls_position:  # Position 0 ([CLS]): content alone (TUPE).
+      untied = (positions[:, :, None] == 0) | (positions[:, None, :] == 0)
+      bias = bias.masked_fill(untied[..., None], 0.0)
     return bias.permute(0, 3, 1, 2)
 
 
