@@ -46,10 +46,11 @@ def test_recipe_paper_sets_the_releases_choices():
   assert config.model.relative_buckets == 64
   assert config.model.untie_cls_position is False
   assert config.weight_decay_on == "all"
+  assert config.data.rows == "complete_doc"
   fast = pretrain.get_config("objective=maelm,size=base")
   assert (fast.model.relative_bucket_fn, fast.model.relative_buckets,
-          fast.model.untie_cls_position, fast.weight_decay_on) == ("t5", 32, True,
-                                                                   "matrices")
+          fast.model.untie_cls_position, fast.weight_decay_on,
+          fast.data.rows) == ("t5", 32, True, "matrices", "packed")
 
 
 @pytest.mark.parametrize("rule,decays_bias", [("all", True), ("matrices", False)])
