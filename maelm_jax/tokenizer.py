@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 import uuid
 
@@ -317,6 +319,40 @@ def import_hf_tokenizer(src_dir: str, dst_path: str) -> np.ndarray:
   has id `new` now, for re-indexing embedding rows. The other tokens keep their
   order. Raises ValueError naming a role no token plays.
   """
+  text, old_id = _reindexed_json(src_dir)
+  tmp = f"{dst_path}.tmp-{uuid.uuid4().hex}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, dst_path)
+  HFTokenizer(dst_path)  # The roles are where the project needs them.
+  return old_id
+
+
+def project_order_text(path: str) -> str:
+  """The tokenizer.json at `path` (any file name) as this project reads it: the
+  file itself where ids 0..4 are already pad, unk, cls, sep, mask, else
+  re-indexed as imports are (`import_hf_tokenizer`; role names from a
+  tokenizer_config.json / special_tokens_map.json beside it). Pretraining from
+  scratch with a Hugging Face tokenizer stores this text in its workdir."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  tok = tokenizers.Tokenizer.from_str(text)
+  if all(tok.id_to_token(i) in ROLE_NAMES[i] for i in range(NUM_SPECIAL)):
+    return text
+  src_dir = os.path.dirname(os.path.abspath(path))
+  if os.path.basename(path) == HF_TOKENIZER_FILENAME:
+    return _reindexed_json(src_dir)[0]
+  with tempfile.TemporaryDirectory() as tmp:  # _reindexed_json reads a folder.
+    shutil.copyfile(path, os.path.join(tmp, HF_TOKENIZER_FILENAME))
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+      if os.path.isfile(os.path.join(src_dir, name)):
+        shutil.copyfile(os.path.join(src_dir, name), os.path.join(tmp, name))
+    return _reindexed_json(tmp)[0]
+
+
+def _reindexed_json(src_dir: str) -> tuple[str, np.ndarray]:
+  """(`src_dir`'s tokenizer.json with the roles at ids 0..4, old_id)."""
   import tokenizers  # pylint: disable=g-import-not-at-top
   src = os.path.join(src_dir, HF_TOKENIZER_FILENAME)
   if not os.path.isfile(src):
@@ -365,12 +401,7 @@ def import_hf_tokenizer(src_dir: str, dst_path: str) -> np.ndarray:
       raise ValueError(f"{src}: re-indexed ids disagree with the original on "
                        f"{a.tokens}; this tokenizer.json has a layout "
                        "import_hf does not handle")
-  tmp = f"{dst_path}.tmp-{uuid.uuid4().hex}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, dst_path)
-  HFTokenizer(dst_path)  # The roles are where the project needs them.
-  return old_id
+  return text, old_id
 
 
 # Tokenizer training reads its sentences, then builds the vocabulary in C++; a

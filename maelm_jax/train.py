@@ -15,6 +15,7 @@ import filecmp
 import json
 import os
 import shutil
+import tempfile
 import time
 
 from absl import logging
@@ -99,12 +100,37 @@ def tokenizer_path_for(config, workdir: str,
         "used), or prepare the corpus with --tokenizer=" + wanted)
   own = (os.path.join(workdir, tokenizer_lib.own_name(wanted)) if wanted
          else tokenizer_lib.workdir_tokenizer_path(workdir))
-  if wanted and os.path.exists(own) and not filecmp.cmp(own, wanted, shallow=False):
+  if wanted and os.path.exists(own) and not _same_tokenizer(own, wanted):
     raise ValueError(
         f"tokenizer {wanted} differs from {own}, the tokenizer this workdir's "
         "checkpoints were trained with; drop --config.tokenizer.path (and "
         "init_from) to resume, or use a new --workdir")
   return wanted or None
+
+
+def _same_tokenizer(own: str, given: str) -> bool:
+  """Whether the workdir's tokenizer file is `given` as the run stores it (a
+  tokenizer.json is stored with the roles at ids 0..4)."""
+  if own.endswith(".json"):
+    with open(own, encoding="utf-8") as f:
+      return f.read() == tokenizer_lib.project_order_text(given)
+  return filecmp.cmp(own, given, shallow=False)
+
+
+def staged_tokenizer(given: str) -> str:
+  """A file of the tokenizer as the run stores it: `given` itself, or, for a
+  Hugging Face tokenizer.json whose ids 0..4 are not the roles, a re-indexed
+  copy in a temporary file (`tokenizer.project_order_text`)."""
+  if not given.endswith(".json"):
+    return given
+  text = tokenizer_lib.project_order_text(given)
+  with open(given, encoding="utf-8") as f:
+    if f.read() == text:
+      return given
+  fd, staged = tempfile.mkstemp(suffix=".json")
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    f.write(text)
+  return staged
 
 
 def last_logged_metrics(workdir: str, step: int) -> dict:
@@ -257,7 +283,12 @@ def describe_launch(config, workdir: str) -> list[str]:
       config.tokenizer.path or None)
   for path in (own, given):
     if path and os.path.exists(path):
-      tokenizer = tokenizer_lib.open_tokenizer(path)
+      staged = staged_tokenizer(path) if path == given else path
+      try:
+        tokenizer = tokenizer_lib.open_tokenizer(staged)
+      finally:
+        if staged != path:
+          os.unlink(staged)
       vocab, mask_id, vocab_from = tokenizer.vocab_size, tokenizer.mask_id, path
       break
   else:
@@ -336,15 +367,23 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
   tokenizer_path = tokenizer_path_for(config, workdir,
                                       train_source.token_ids_tokenizer)
-  tokenizer = tokenizer_lib.load_or_train_tokenizer(
-      workdir, lambda: pipeline.training_texts(train_source),
-      vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
-      path=tokenizer_path, max_sentences=config.tokenizer.max_sentences,
-      seed=config.seed, is_writer=is_main)
   own_tokenizer = (os.path.join(workdir, tokenizer_lib.own_name(tokenizer_path))
                    if tokenizer_path else "")
-  if is_main and tokenizer_path and not os.path.exists(own_tokenizer):
-    shutil.copyfile(tokenizer_path, own_tokenizer)  # The workdir is self-contained.
+  # What is loaded: the workdir's copy once there, else the given file as the
+  # workdir will store it (a raw tokenizer.json re-indexed, roles at 0..4).
+  load_path = (own_tokenizer if own_tokenizer and os.path.exists(own_tokenizer)
+               else staged_tokenizer(tokenizer_path) if tokenizer_path else None)
+  try:
+    tokenizer = tokenizer_lib.load_or_train_tokenizer(
+        workdir, lambda: pipeline.training_texts(train_source),
+        vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
+        path=load_path, max_sentences=config.tokenizer.max_sentences,
+        seed=config.seed, is_writer=is_main)
+    if is_main and tokenizer_path and not os.path.exists(own_tokenizer):
+      shutil.copyfile(load_path, own_tokenizer)  # The workdir is self-contained.
+  finally:
+    if load_path not in (None, tokenizer_path, own_tokenizer):
+      os.unlink(load_path)  # A staged re-indexed copy.
   # Each process reads 1/process_count of the documents and needs its share of
   # the batch, so the whole split must hold a global batch.
   for source, split in ((train_source, "train"), (eval_source, "eval")):

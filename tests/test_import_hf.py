@@ -281,3 +281,44 @@ def test_refusals_name_the_problem_and_touch_nothing(roberta, tmp_path):
   from maelm_jax.finetune import squad_data  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="Fine-tune this encoder on GLUE"):
     squad_data._PieceTable(tokenizer_lib.HFTokenizer(root / "w" / "tokenizer.json"))  # pylint: disable=protected-access
+
+
+def test_pretraining_from_scratch_with_a_raw_hugging_face_tokenizer(tmp_path,
+                                                                   monkeypatch):
+  """--config.tokenizer.path=<any>.json of a tokenizer whose special tokens are
+  not at ids 0..4 (BERT's WordPiece, specials scattered): the workdir stores it
+  re-indexed (roles first, every other token in its order), the run trains, the
+  same command resumes, and ids are transformers' ids up to that re-indexing (a
+  special token typed in the text stays text, as everywhere in the project)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  src = tmp_path / "bert"
+  _, fast = make_bert(str(src))
+  raw = src / "tokenizer.json"
+  renamed = src / "my_wordpiece.json"  # Any file name.
+  renamed.write_text(raw.read_text())
+  vocab = fast.get_vocab()
+  assert [vocab[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] != list(range(5))
+  staging = tmp_path / "staging"
+  staging.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(staging))
+
+  def config(steps):
+    return tiny_config("mlm", **{
+        "tokenizer.path": str(renamed), "tokenizer.vocab_size": len(vocab),
+        "data.source": "pydoc:", "data.eval_fraction": 0.05, "total_steps": steps,
+        "eval_every": 2, "checkpoint_every": 2, "eval_batches": 1, "log_every": 1})
+  workdir = tmp_path / "scratch"
+  train.train_and_evaluate(config(2), str(workdir))
+  stored = tokenizer_lib.HFTokenizer(workdir / "tokenizer.json")
+  by_new_id = [stored._tok.id_to_token(i) for i in range(stored.vocab_size)]  # pylint: disable=protected-access
+  assert by_new_id[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  for text in TEXTS:
+    ours = [vocab[by_new_id[i]] for i in stored.encode_one(text)]
+    if "[MASK]" in text:
+      assert vocab["[MASK]"] not in ours and vocab["[CLS]"] not in ours
+      continue
+    assert ours == fast(text, add_special_tokens=False)["input_ids"], text
+  train.train_and_evaluate(config(4), str(workdir))  # Resumes: the same tokenizer.
+  assert checkpoints.load_pretrained(str(workdir)).step == 4
+  assert not os.listdir(staging)  # The staged re-indexed copy is gone.
