@@ -33,19 +33,15 @@ and pass that.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import shutil
 import sys
-import uuid
 
 from absl import app, flags, logging
 import numpy as np
 
-from maelm_jax import import_hf, workdir as workdir_lib
+from maelm_jax import import_hf
 
-MARKER = "import.json"
 PRETRAIN_ARG = "objective=maelm,size=base,recipe=paper"
 ENC = "encoder.sentence_encoder."
 DEC = "gen_decoder.sentence_encoder."
@@ -187,9 +183,7 @@ def import_checkpoint(src: str, dict_path: str, tokenizer_dir: str, workdir: str
     raise ValueError(f"--dict={dict_path} gives {len(symbols)} symbols (with <s> <pad> "
                      f"</s> <unk> and <mask>) but the embedding has {rows} rows; pass "
                      "the dict.txt the checkpoint was trained with")
-  tmp = f"{workdir}.tmp-{uuid.uuid4().hex[:8]}"
-  os.makedirs(tmp)
-  try:
+  with import_hf.staged_workdir(workdir) as tmp:
     hf_path = os.path.join(tmp, tokenizer_lib.HF_TOKENIZER_FILENAME)
     old_id = tokenizer_lib.import_hf_tokenizer(tokenizer_dir, hf_path)
     if int(old_id.max()) >= rows:
@@ -212,21 +206,11 @@ def import_checkpoint(src: str, dict_path: str, tokenizer_dir: str, workdir: str
     if differences:
       raise ValueError(f"--src={src} does not map onto a recipe=paper MAE-LM: "
                        + "; ".join(differences))
-    workdir_lib.write_config(config, tmp)
-    import_hf.write_params_checkpoint(tmp, params)
     summary = {"src": src, "kind": "mae-lm release (fairseq ae)",
                "layers": model_cfg.num_layers, "decoder_layers": model_cfg.decoder_layers,
                "hidden": model_cfg.hidden, "heads": heads,
-               "vocab_size": tokenizer.vocab_size, "dropped_rows": rows - len(old_id),
-               "date": datetime.datetime.now().isoformat(timespec="seconds")}
-    with open(os.path.join(tmp, MARKER), "w") as f:
-      json.dump(summary, f, indent=2)
-    if os.path.exists(workdir):
-      os.rmdir(workdir)  # Empty (checked above).
-    os.rename(tmp, workdir)
-  finally:
-    if os.path.exists(tmp):
-      shutil.rmtree(tmp)
+               "vocab_size": tokenizer.vocab_size, "dropped_rows": rows - len(old_id)}
+    import_hf.write_import(tmp, config, params, summary)
   logging.info("imported %s into %s: %s", src, workdir, summary)
   return summary
 

@@ -32,6 +32,7 @@ new workdir with `--config.init_from=W`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -253,6 +254,32 @@ def write_params_checkpoint(workdir: str, params: dict) -> None:
   manager.close()
 
 
+@contextlib.contextmanager
+def staged_workdir(workdir: str):
+  """A temporary sibling of `workdir` to write an import into; it becomes
+  `workdir` (which must be absent or empty) when the block succeeds and is removed
+  when it fails: an import is all or nothing."""
+  tmp = f"{workdir}.tmp-{uuid.uuid4().hex[:8]}"
+  os.makedirs(tmp)
+  try:
+    yield tmp
+    if os.path.exists(workdir):
+      os.rmdir(workdir)  # Empty (check_workdir).
+    os.rename(tmp, workdir)
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp)
+
+
+def write_import(tmp: str, config, params: dict, summary: dict) -> None:
+  """The run config, the parameters at step 0 and the import's summary."""
+  workdir_lib.write_config(config, tmp)
+  write_params_checkpoint(tmp, params)
+  summary["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+  with open(os.path.join(tmp, MARKER), "w") as f:
+    json.dump(summary, f, indent=2)
+
+
 def import_checkpoint(src: str, workdir: str) -> dict:
   """Writes `workdir` from the checkpoint in `src`; returns a summary."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -268,9 +295,7 @@ def import_checkpoint(src: str, workdir: str) -> dict:
         f"--src={src} has no tokenizer.json; save the checkpoint's fast tokenizer "
         "there: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
 
-  tmp = f"{workdir}.tmp-{uuid.uuid4().hex[:8]}"
-  os.makedirs(tmp)
-  try:
+  with staged_workdir(workdir) as tmp:
     old_id = tokenizer_lib.import_hf_tokenizer(
         src, os.path.join(tmp, tokenizer_lib.HF_TOKENIZER_FILENAME))
     tokenizer = tokenizer_lib.HFTokenizer(
@@ -304,21 +329,11 @@ def import_checkpoint(src: str, workdir: str) -> dict:
     if ignored:
       raise ValueError(f"--src={src} has tensors this importer cannot map: "
                        f"{', '.join(ignored[:5])}")
-    workdir_lib.write_config(config, tmp)
-    write_params_checkpoint(tmp, params)
     summary = {"src": src, "model_type": hf["model_type"],
                "layers": model_cfg.num_layers, "hidden": model_cfg.hidden,
                "vocab_size": tokenizer.vocab_size, "dropped_rows": rows - len(old_id),
-               "lm_head": "fresh" if fresh is not None else "imported",
-               "date": datetime.datetime.now().isoformat(timespec="seconds")}
-    with open(os.path.join(tmp, MARKER), "w") as f:
-      json.dump(summary, f, indent=2)
-    if os.path.exists(workdir):
-      os.rmdir(workdir)  # Empty (checked above).
-    os.rename(tmp, workdir)
-  finally:
-    if os.path.exists(tmp):
-      shutil.rmtree(tmp)
+               "lm_head": "fresh" if fresh is not None else "imported"}
+    write_import(tmp, config, params, summary)
   logging.info("imported %s into %s: %s", src, workdir, summary)
   return summary
 

@@ -28,7 +28,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from maelm_jax import attention, masking, param_layout, relative_position
 
