@@ -90,6 +90,19 @@ def _packed(chunks, seq_len, complete_docs=False):
                                       sep_id=SEP, complete_docs=complete_docs)
 
 
+def _rows_and_states(dataset):
+  """Every row of one pass, and the iterator's state (through JSON, as a
+  checkpoint stores it) before each row and after the last."""
+  iterator = iter(dataset)
+  states, rows = [], []
+  while True:
+    states.append(json.loads(json.dumps(iterator.get_state())))
+    try:
+      rows.append(next(iterator)["input_ids"])
+    except StopIteration:
+      return rows, states
+
+
 def test_packing_layout_exactly():
   chunks = [[5, 6, 7, SEP], [8, SEP], [], [9, 10, 11, 12, 13, SEP, 14, SEP]]
   rows = [r["input_ids"].tolist() for r in _packed(chunks, seq_len=5)]
@@ -108,14 +121,7 @@ def test_packing_resumes_exactly_from_every_position():
   rng = np.random.default_rng(0)
   chunks = [rng.integers(5, 100, rng.integers(0, 12)) for _ in range(40)]
   dataset = _packed(chunks, seq_len=7)
-  iterator = iter(dataset)
-  states, rows = [], []
-  while True:
-    states.append(json.loads(json.dumps(iterator.get_state())))
-    try:
-      rows.append(next(iterator)["input_ids"])
-    except StopIteration:
-      break
+  rows, states = _rows_and_states(dataset)
   assert len(rows) == sum(map(len, chunks)) // 5
   np.testing.assert_array_equal(
       np.concatenate(rows).reshape(-1, 7)[:, 1:-1].reshape(-1),
@@ -147,14 +153,7 @@ def test_complete_doc_rows_resume_exactly_and_hold_every_token():
   chunks = [np.concatenate([np.append(d, SEP) for d in docs[i:i + 3]])
             for i in range(0, 60, 3)]
   dataset = _packed(chunks, seq_len=8, complete_docs=True)
-  iterator = iter(dataset)
-  states, rows = [], []
-  while True:
-    states.append(json.loads(json.dumps(iterator.get_state())))
-    try:
-      rows.append(next(iterator)["input_ids"])
-    except StopIteration:
-      break
+  rows, states = _rows_and_states(dataset)
   rows = np.stack(rows)
   # Each row: [CLS], tokens of one document, [SEP], then only padding.
   for row in rows:
