@@ -123,5 +123,6 @@ def get_finetune(arg=None):
                     "data.max_train_examples": 8000},
            "qnli": {"num_epochs": 3, "max_seq_len": 128},
            "cola": {"num_epochs": 2, "max_seq_len": 48}}
-  return {"common": common, "tasks": tasks, "seeds": (1, 2, 3),
+  return {"config_file": str(pathlib.Path(__file__).with_name("glue.py")),
+          "common": common, "tasks": tasks, "seeds": (1, 2, 3),
           "learning_rates": learning_rates, "select_seeds": (1,)}

@@ -38,7 +38,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import pathlib
 import random
 import statistics
 import sys
@@ -52,7 +51,6 @@ from maelm_jax.finetune import glue_data, sweep as finetune_sweep
 
 # The group of configs/compare.py's `random=1` runs: the untrained control.
 UNTRAINED_GROUP = "random"
-GLUE_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "glue.py")
 
 
 # --------------------------------------------------------------------------
@@ -335,12 +333,14 @@ def finetune_encoder(run: dict, tasks, protocol: dict, data_dir: str,
     if len(learning_rates) > 1:
       grid_dir = os.path.join(out, "select", run["name"])
       finetune_sweep.run_grid(finetune_sweep.grid_configs(
-          GLUE_CONFIG, [task], {**overrides, "data.dir": select_dir}, learning_rates,
+          protocol["config_file"], [task], {**overrides, "data.dir": select_dir},
+          learning_rates,
           protocol.get("select_seeds") or protocol["seeds"][:1]), grid_dir)
       by_rate = finetune_sweep.write_report(grid_dir, "last")["tasks"][task]
       chosen[task] = by_rate["learning_rate"]
     finetune_sweep.run_grid(finetune_sweep.grid_configs(
-        GLUE_CONFIG, [task], {**overrides, "data.dir": data_dir}, [chosen[task]],
+        protocol["config_file"], [task], {**overrides, "data.dir": data_dir},
+        [chosen[task]],
         protocol["seeds"]), sweep_dir)
   report = finetune_sweep.write_report(sweep_dir, "last")
   for task, entry in report["tasks"].items():
@@ -389,8 +389,9 @@ def mask_accuracy_curve(workdir: str) -> list[tuple[int, float]]:
   return [(r["step"], r["eval/mask_accuracy"]) for r in _evaluations(workdir)]
 
 
-def plot_curves(runs, curve_scores: dict, path: str) -> None:
-  """BLiMP and held-out [MASK] accuracy against pretraining FLOPs per run."""
+def plot_curves(runs, curve_scores: dict, path: str, log_flops: bool = False) -> None:
+  """BLiMP and held-out [MASK] accuracy against pretraining FLOPs per run (on a
+  log axis with `log_flops`, for runs of very different budgets)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -417,7 +418,11 @@ def plot_curves(runs, curve_scores: dict, path: str) -> None:
   axes[1].set(title="held-out [MASK] accuracy", ylabel="accuracy (%)")
   for ax in axes:
     ax.set(xlabel="pretraining TFLOPs")
-    ax.set_xlim(left=0)
+    if log_flops:
+      ax.set_xscale("log")
+      ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    else:
+      ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   fig.tight_layout()
@@ -442,6 +447,11 @@ def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
     raise ValueError(f"{config_file.split(':')[0]} defines no get_finetune(arg), the "
                      "fine-tuning protocol (see configs/compare.py)")
   protocol = module.get_finetune(arg)
+  if tasks and not os.path.isfile(protocol.get("config_file", "")):
+    raise ValueError(f"{config_file.split(':')[0]}: get_finetune must name the "
+                     "fine-tuning config its tasks come from, as 'config_file' (e.g. "
+                     "the path of configs/glue.py); got "
+                     f"{protocol.get('config_file')!r}")
   sweep.expand(config_file, overrides)  # Every config error before any work.
   if blimp_dir:
     blimp.read_pairs(blimp_dir, 1)  # A wrong --blimp_dir before hours of work.

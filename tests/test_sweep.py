@@ -39,7 +39,8 @@ def get_sweep(arg=None):
           {"name": "maelm_seed0", "model.objective": "maelm", "seed": 0}]
 
 def get_finetune(arg=None):
-  return {"common": {"learning_rate": 1e-3, "dtype": "float32", "batch_size": 16,
+  return {"config_file": "REPO/configs/glue.py",
+          "common": {"learning_rate": 1e-3, "dtype": "float32", "batch_size": 16,
                       "pooling": "mean", "dropout": 0.0, "attention_dropout": 0.0},
           "tasks": {"sst2": {"num_epochs": 1, "max_seq_len": 24}}, "seeds": (1, 2),
           "learning_rates": (1e-3, 3e-3), "select_seeds": (1,)}
