@@ -22,7 +22,8 @@ tables, embedding LayerNorm, the shared relative-bias table, the layers),
 `gen_decoder.sentence_encoder.*` (its own position table and embedding
 LayerNorm, its layers), `gen_decoder.lm_head.*`. A tensor it cannot map, or a
 model option it does not implement (`--decoder-rel-pos`, a decoder of another
-width, `--encoder-normalize-before`), is refused in one line naming it.
+width), is refused in one line naming it. `ae_large` checkpoints were trained with
+`--max-rel-pos 256`: pass `--max_rel_pos=256` (a state dict does not record it).
 
 Loading: `torch.load(weights_only=True)`, which refuses pickled code. fairseq
 checkpoints also pickle their `args` (an argparse.Namespace) or `cfg`
@@ -108,7 +109,6 @@ def params_from_release(tensors: dict, heads: int, old_id: np.ndarray) -> dict:
   id of the token our id `new` stands for (embedding rows and head bias)."""
   t = import_hf.Tensors(tensors, "")
   for option, name in (("--decoder-rel-pos 1", DEC + "relative_attention_bias.weight"),
-                       ("--encoder-normalize-before", ENC + "layer_norm.weight"),
                        ("a decoder of another width (encoder_to_decoder)",
                         "encoder_to_decoder.weight")):
     if name in tensors:

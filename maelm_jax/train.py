@@ -380,7 +380,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         path=load_path, max_sentences=config.tokenizer.max_sentences,
         seed=config.seed, is_writer=is_main)
     if is_main and tokenizer_path and not os.path.exists(own_tokenizer):
-      shutil.copyfile(load_path, own_tokenizer)  # The workdir is self-contained.
+      # The workdir is self-contained; atomic, as other processes may read it.
+      shutil.copyfile(load_path, own_tokenizer + ".tmp")
+      os.replace(own_tokenizer + ".tmp", own_tokenizer)
+    if load_path != tokenizer_path and isinstance(tokenizer, tokenizer_lib.HFTokenizer):
+      tokenizer.path = own_tokenizer  # Not the staged copy deleted below.
   finally:
     if load_path not in (None, tokenizer_path, own_tokenizer):
       os.unlink(load_path)  # A staged re-indexed copy.
