@@ -182,9 +182,9 @@ def apply_recipe(config, recipe: str) -> None:
     config.model.relative_buckets = 64
     config.model.untie_cls_position = False
     config.weight_decay_on = "all"
-    # Not data.rows=complete_doc: every row masks a fixed K (static shapes), which
-    # in a padded row of a short document is far more than 15% of its tokens
-    # (README, "recipe=paper against the official release").
+    # --sample-break-mode complete_doc: rows never cross a document and are padded;
+    # each row masks 15% of its own tokens (masking.py, per-row counts).
+    config.data.rows = "complete_doc"
     return
   config.learning_rate = FAST_LEARNING_RATES[config.model.size]
   config.warmup_steps = 200

@@ -20,6 +20,15 @@ A deliberate difference from the official MAE-LM release (fairseq), which masks
 every row masks exactly `round(mask_ratio * (L - 2))` positions and never a special
 token, so K (and the encoder's length under MAE-LM / 3ML) is the same for every row
 and the step compiles once.
+
+Rows of one document padded to L (`data.rows=complete_doc`, the release's rows)
+hold m < L - 2 tokens, and K of them would mask far above the ratio (all of a
+short document). With `per_row` the shapes stay K, but a row selects only
+`round(mask_ratio * m)` of its tokens, split into the three groups in the same
+proportions, and fills each group's remaining slots with weight-0 positions:
+padding first (the encoder ignores it; under MAE-LM / 3ML removing it is free),
+then separators, then unselected tokens, which are then neither corrupted nor
+predicted. A full row selects exactly as without `per_row`, bit for bit.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ class MaskCounts:
   num_random: int  # selected positions replaced by a random token.
   num_keep: int  # selected positions left unchanged.
   drop_masked: bool  # MAE-LM / 3ML: [MASK] positions are removed from the encoder.
+  mask_ratio: float = 0.0  # What per_row scales each row's count by.
+  per_row: bool = False  # Select round(mask_ratio * tokens in the row) (see above).
 
   @property
   def encoder_len(self) -> int:
@@ -50,7 +61,8 @@ class MaskCounts:
 
   @classmethod
   def create(cls, seq_len: int, mask_ratio: float, random_replace_prob: float,
-             keep_prob: float, drop_masked: bool) -> "MaskCounts":
+             keep_prob: float, drop_masked: bool,
+             per_row: bool = False) -> "MaskCounts":
     # A packed pretraining row is `[CLS] t_1 .. t_{L-2} [SEP]`: L-2 maskable tokens.
     maskable = seq_len - 2
     num_selected = max(1, int(round(mask_ratio * maskable)))
@@ -61,7 +73,23 @@ class MaskCounts:
       raise ValueError(
           f"random_replace_prob ({random_replace_prob}) + keep_prob ({keep_prob}) "
           "exceeds 1; lower them so that some selected tokens become [MASK].")
-    return cls(seq_len, num_selected, num_mask, num_random, num_keep, drop_masked)
+    return cls(seq_len, num_selected, num_mask, num_random, num_keep, drop_masked,
+               mask_ratio, per_row)
+
+  def row_counts(self, num_tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """[B] counts of ([MASK], random, keep) tokens of rows of `num_tokens` maskable
+    tokens: the run's counts scaled by num_tokens / (L - 2), rounded as `create`
+    rounds; a full row gets exactly the run's counts."""
+    full = num_tokens >= self.seq_len - 2
+    selected = jnp.minimum(jnp.round(self.mask_ratio * num_tokens), self.num_selected)
+    replace = self.num_random / self.num_selected
+    keep = self.num_keep / self.num_selected
+    random = jnp.round(selected * replace)
+    kept = jnp.minimum(jnp.round(selected * keep), selected - random)
+    as_int = lambda x, whole: jnp.where(full, whole, x).astype(jnp.int32)
+    masked = jnp.minimum(selected - random - kept, self.num_mask)
+    return (as_int(masked, self.num_mask),
+            as_int(random, self.num_random), as_int(kept, self.num_keep))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +130,49 @@ def _special_drop_rank(input_ids: jax.Array) -> jax.Array:
                     [jnp.float32(2.0), jnp.float32(jnp.inf)], jnp.float32(3.0))
 
 
+def _sorted_with(positions: jax.Array, flags: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`positions` [B, n] in ascending order, and `flags` permuted alongside."""
+  index = jnp.argsort(positions, axis=-1)
+  return (jnp.take_along_axis(positions, index, axis=-1),
+          jnp.take_along_axis(flags, index, axis=-1))
+
+
+def _per_row_order(order: jax.Array, num_tokens: jax.Array, counts: MaskCounts
+                   ) -> tuple[jax.Array, jax.Array]:
+  """`order` rearranged for per-row counts, and which of its first K slots are real.
+
+  `order` [B, L] lists a row's m maskable positions in random order, then its
+  padding, separators and `[CLS]`. The result's slots 0..K-1 are the three groups
+  ([MASK] | random | keep) of the run's static sizes; each group takes its share
+  of the row's selection from the random order, and its other slots take
+  fillers: padding and separators first (order[m:]), then the unselected tokens
+  (order[n:m], n the row's selection); slots K.. take the fillers left. For a
+  full row (n = K) the first K slots are order's own.
+  """
+  seq_len = order.shape[1]
+  n_mask, n_random, n_keep = (x[:, None] for x in counts.row_counts(num_tokens))
+  m, n = num_tokens[:, None], n_mask + n_random + n_keep
+  k, k_mask, k_random = counts.num_selected, counts.num_mask, counts.num_random
+  slot = jnp.arange(seq_len)[None, :]
+  in_random = (slot >= k_mask) & (slot < k_mask + k_random)
+  in_keep = (slot >= k_mask + k_random) & (slot < k)
+  # Each slot's group: where its tokens start in the random order, how many it
+  # has, its first slot, and how many fillers the groups before it took.
+  group_start = jnp.where(in_random, n_mask, jnp.where(in_keep, n_mask + n_random, 0))
+  group_tokens = jnp.where(in_random, n_random, jnp.where(in_keep, n_keep, n_mask))
+  group_slot = jnp.where(in_random, k_mask, jnp.where(in_keep, k_mask + k_random, 0))
+  fillers_before = jnp.where(in_random, k_mask - n_mask,
+                             jnp.where(in_keep, k_mask - n_mask + k_random - n_random,
+                                       0))
+  offset = slot - group_slot
+  is_token = (slot < k) & (offset < group_tokens)
+  filler = jnp.where(slot < k, fillers_before + offset - group_tokens,
+                     k - n + (slot - k))
+  from_filler = jnp.where(filler < seq_len - m, m + filler, n + filler - (seq_len - m))
+  source = jnp.where(is_token, group_start + offset, from_filler)
+  return jnp.take_along_axis(order, source, axis=-1), is_token[:, :k]
+
+
 def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
                mask_id: int, vocab_size: int) -> Masks:
   """Selects and corrupts positions; see the module docstring."""
@@ -117,22 +188,26 @@ def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
   # and, in that random order, split into [MASK] / random / keep groups.
   order = jnp.argsort(scores, axis=-1, stable=True).astype(jnp.int32)
   k, k_mask, k_random = counts.num_selected, counts.num_mask, counts.num_random
-  selected_positions = jnp.sort(order[:, :k], axis=-1)
-  masked_positions = jnp.sort(order[:, :k_mask], axis=-1)
+  if counts.per_row:
+    order, slot_real = _per_row_order(order, can_mask.sum(axis=-1), counts)
+  else:  # [B, K]: which selected slots hold a token (not a special or padding).
+    slot_real = jnp.take_along_axis(can_mask, order[:, :k], axis=-1)
+  selected_positions, selected_real = _sorted_with(order[:, :k], slot_real)
+  masked_positions, masked_real = _sorted_with(order[:, :k_mask],
+                                               slot_real[:, :k_mask])
   random_positions = order[:, k_mask:k_mask + k_random]
 
   targets = jnp.take_along_axis(input_ids, selected_positions, axis=-1)
-  selected_weights = jnp.take_along_axis(can_mask, selected_positions,
-                                         axis=-1).astype(jnp.float32)
+  selected_weights = selected_real.astype(jnp.float32)
 
   corrupted = input_ids
   rows = jnp.arange(batch)[:, None]
   if k_random:
     random_tokens = jax.random.randint(token_key, (batch, k_random), NUM_SPECIAL,
                                        vocab_size, dtype=input_ids.dtype)
-    # Only maskable slots were drawn unless the row had fewer than K of them;
-    # never overwrite a special token in that corner case.
-    keep_special = ~jnp.take_along_axis(can_mask, random_positions, axis=-1)
+    # Only maskable slots were drawn unless the row had fewer than K of them (or
+    # per_row filled the group); never overwrite a special or a filler token.
+    keep_special = ~slot_real[:, k_mask:k_mask + k_random]
     original = jnp.take_along_axis(input_ids, random_positions, axis=-1)
     corrupted = corrupted.at[rows, random_positions].set(
         jnp.where(keep_special, original, random_tokens))
@@ -144,8 +219,8 @@ def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
     encoder_positions = jnp.broadcast_to(
         jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
     is_masked = jnp.zeros((batch, seq_len), bool).at[rows, masked_positions].set(
-        True)
-    encoder_ids = jnp.where(is_masked & can_mask, mask_id, corrupted)
+        masked_real)
+    encoder_ids = jnp.where(is_masked, mask_id, corrupted)
   return Masks(selected_positions=selected_positions,
                selected_weights=selected_weights,
                targets=targets,

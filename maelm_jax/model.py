@@ -130,6 +130,9 @@ class ModelConfig:
   mask_id: int = 4
   # 1e-5 as RoBERTa; an imported BERT keeps its 1e-12.
   layer_norm_eps: float = 1e-5
+  # Each row masks mask_ratio of its own tokens (masking.py): set by the training
+  # loop for data.rows=complete_doc, whose rows are padded.
+  mask_per_row: bool = False
 
   @classmethod
   def from_config(cls, model_cfg, vocab_size: int, mask_id: int) -> "ModelConfig":
@@ -174,7 +177,7 @@ class ModelConfig:
   def mask_counts(self, seq_len: int) -> masking.MaskCounts:
     return masking.MaskCounts.create(seq_len, self.mask_ratio,
                                      self.random_replace_prob, self.keep_prob,
-                                     self.drop_masked)
+                                     self.drop_masked, self.mask_per_row)
 
   @property
   def head_dim(self) -> int:

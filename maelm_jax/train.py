@@ -11,6 +11,7 @@ resumed run logs exactly the losses the uninterrupted run would have logged.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import filecmp
 import json
 import os
@@ -106,6 +107,14 @@ def tokenizer_path_for(config, workdir: str,
         "checkpoints were trained with; drop --config.tokenizer.path (and "
         "init_from) to resume, or use a new --workdir")
   return wanted or None
+
+
+def pretraining_model_config(config, vocab_size: int, mask_id: int):
+  """The model as pretraining runs it: rows of one document padded to the length
+  (`data.rows=complete_doc`) mask a share of their own tokens (masking.py)."""
+  return dataclasses.replace(
+      model_lib.ModelConfig.from_config(config.model, vocab_size, mask_id),
+      mask_per_row=config.data.get("rows", "packed") == "complete_doc")
 
 
 def _same_tokenizer(own: str, given: str) -> bool:
@@ -294,7 +303,7 @@ def describe_launch(config, workdir: str) -> list[str]:
   else:
     vocab, mask_id = config.tokenizer.vocab_size, 4
     vocab_from = "to be trained into the workdir"
-  model_cfg = model_lib.ModelConfig.from_config(config.model, vocab, mask_id)
+  model_cfg = pretraining_model_config(config, vocab, mask_id)
   tx = train_lib.make_optimizer(config)
   abstract, _ = train_lib.abstract_sharded_state(model_cfg, config.seq_len, tx, mesh)
   sizes = {k: sum(x.size for x in jax.tree.leaves(v))
@@ -416,8 +425,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   eval_ds = dataset(eval_source, seed=config.seed, shuffle=False, repeat=False)
 
   # ------------------------------------------- Model, optimizer, sharded state --
-  model_cfg = model_lib.ModelConfig.from_config(config.model, tokenizer.vocab_size,
-                                      tokenizer.mask_id)
+  model_cfg = pretraining_model_config(config, tokenizer.vocab_size, tokenizer.mask_id)
   tx = train_lib.make_optimizer(config)
   abstract_state, state_shardings = train_lib.abstract_sharded_state(
       model_cfg, config.seq_len, tx, mesh)

@@ -46,7 +46,7 @@ def test_recipe_paper_sets_the_releases_choices():
   assert config.model.relative_buckets == 64
   assert config.model.untie_cls_position is False
   assert config.weight_decay_on == "all"
-  assert config.data.rows == "packed"  # A fixed K over-masks padded rows (README).
+  assert config.data.rows == "complete_doc"  # Masked per row (masking.py).
   fast = pretrain.get_config("objective=maelm,size=base")
   assert (fast.model.relative_bucket_fn, fast.model.relative_buckets,
           fast.model.untie_cls_position, fast.weight_decay_on,

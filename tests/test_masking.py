@@ -147,3 +147,114 @@ def test_gather_then_unpermute_round_trip():
 def test_too_much_replacement_is_an_error():
   with pytest.raises(ValueError, match="keep_prob"):
     masking.MaskCounts.create(64, 0.5, 0.7, 0.4, True)
+
+
+# ----------------------------------------------------------------- per-row counts
+# data.rows=complete_doc: rows of one document padded to L (issue 28).
+
+
+def draw_per_row(ids, ratio, replace, keep, drop, seed=0):
+  counts = masking.MaskCounts.create(ids.shape[1], ratio, replace, keep, drop,
+                                     per_row=True)
+  masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids), counts,
+                             mask_id=4, vocab_size=VOCAB)
+  return counts, jax.tree.map(np.asarray, masks)
+
+
+def document_rows(seq_len, seed=0):
+  """One row per document length 0..L-2: `[CLS] tokens [SEP] [PAD]..`."""
+  rows = [random_ids(1, seq_len, VOCAB, seed=seed + m, num_pad=seq_len - 2 - m)[0]
+          for m in range(seq_len - 1)]
+  return np.stack(rows)
+
+
+@pytest.mark.parametrize("ratio,replace,keep,drop", [(0.15, 0.1, 0.1, False),
+                                                     (0.15, 0.1, 0.1, True),
+                                                     (0.5, 0.1, 0.1, True)])
+def test_per_row_full_rows_select_exactly_as_fixed_counts(ratio, replace, keep, drop):
+  ids = random_ids(16, 64, VOCAB)
+  for seed in range(3):
+    _, fixed = draw(ids, ratio, replace, keep, drop, seed=seed)
+    _, per_row = draw_per_row(ids, ratio, replace, keep, drop, seed=seed)
+    for name in ("selected_positions", "selected_weights", "targets", "encoder_ids",
+                 "encoder_positions", "masked_positions"):
+      np.testing.assert_array_equal(getattr(per_row, name), getattr(fixed, name),
+                                    err_msg=name)
+
+
+@pytest.mark.parametrize("ratio,replace,keep,drop", [(0.15, 0.1, 0.1, False),
+                                                     (0.15, 0.1, 0.1, True),
+                                                     (0.5, 0.1, 0.1, True),
+                                                     (0.3, 0.2, 0.0, True)])
+def test_per_row_counts_follow_each_documents_length(ratio, replace, keep, drop):
+  seq_len = 48
+  ids = document_rows(seq_len)
+  counts, m = draw_per_row(ids, ratio, replace, keep, drop, seed=1)
+  _, fixed = draw(ids, ratio, replace, keep, drop, seed=1)
+  k = counts.num_selected
+  p_random, p_keep = counts.num_random / k, counts.num_keep / k
+  for row in range(len(ids)):
+    tokens = ids[row] >= 5
+    m_row = int(tokens.sum())
+    want = min(round(ratio * m_row), k)
+    weights = m.selected_weights[row]
+    sel = m.selected_positions[row]
+    assert len(set(sel)) == k and np.all(np.diff(sel) > 0)
+    # Exactly the row's share of its tokens is predicted, never a special.
+    assert weights.sum() == want, (row, m_row)
+    assert np.all(tokens[sel[weights == 1]])
+    np.testing.assert_array_equal(m.targets[row], ids[row][sel])
+    masked = m.masked_positions[row]
+    masked_tokens = set(masked) & set(np.flatnonzero(tokens))
+    picked = set(sel[weights == 1])
+    assert masked_tokens <= picked
+    n_random = round(want * p_random)
+    n_keep = min(round(want * p_keep), want - n_random)
+    assert len(masked_tokens) == min(want - n_random - n_keep, counts.num_mask)
+    if drop:
+      # The removed slots are the masked tokens and fillers; padding goes first,
+      # [CLS] never, and the encoder sees every other position in order.
+      visible = m.encoder_positions[row]
+      assert set(masked) | set(visible) == set(range(seq_len))
+      assert 0 in visible
+      assert not masked_tokens & set(visible)
+      fillers = set(masked) - masked_tokens
+      pads = set(np.flatnonzero(ids[row] == 0))
+      assert fillers <= pads or pads <= fillers
+      encoder_tokens = m.encoder_ids[row]
+      original = ids[row][visible]
+      changed = encoder_tokens != original
+      assert changed.sum() <= n_random
+      assert np.all(tokens[visible[changed]])  # Only tokens get random ids.
+      assert set(visible[changed]) <= picked
+    else:
+      is_mask = m.encoder_ids[row] == 4
+      assert set(np.flatnonzero(is_mask)) == masked_tokens
+      changed = (m.encoder_ids[row] != ids[row]) & ~is_mask
+      assert set(np.flatnonzero(changed)) <= picked and changed.sum() <= n_random
+      np.testing.assert_array_equal(m.encoder_ids[row][~tokens], ids[row][~tokens])
+  # Without per-row counts a short document is masked far above the ratio.
+  short = [r for r in range(len(ids)) if 5 <= (ids[r] >= 5).sum() <= seq_len // 4]
+  share = lambda masks: np.mean([masks.selected_weights[r].sum() / (ids[r] >= 5).sum()
+                                 for r in short])
+  assert abs(share(m) - ratio) < 0.1 and share(fixed) >= min(2 * ratio, 1.0)
+
+
+def test_per_row_masks_the_ratio_of_a_batch_of_documents():
+  # Rows of random document lengths: predicted tokens / tokens is the ratio.
+  rng = np.random.RandomState(0)
+  ids = np.stack([random_ids(1, 128, VOCAB, seed=s, num_pad=int(rng.randint(0, 120)))[0]
+                  for s in range(64)])
+  _, m = draw_per_row(ids, 0.15, 0.1, 0.1, True)
+  share = m.selected_weights.sum() / (ids >= 5).sum()
+  assert abs(share - 0.15) < 0.01, share
+
+
+def test_training_masks_per_row_for_complete_doc_rows():
+  from configs import pretrain
+  from maelm_jax import config_lib, train
+  config = config_lib.resolve(pretrain.get_config("objective=maelm,size=tiny"))
+  assert not train.pretraining_model_config(config, 600, 4).mask_counts(64).per_row
+  config.data.rows = "complete_doc"
+  counts = train.pretraining_model_config(config, 600, 4).mask_counts(64)
+  assert counts.per_row and counts.mask_ratio == config.model.mask_ratio
