@@ -67,18 +67,33 @@ def read_state_dict(src: str) -> dict:
 
 
 def read_dict(path: str) -> list[str]:
-  """fairseq's symbols in id order: the four implicit specials, the file's, <mask>."""
+  """fairseq's symbols in id order: the four implicit specials, the file's, <mask>.
+
+  Read as fairseq's `Dictionary.add_from_file` reads it: `<symbol> <count>` per
+  line, the symbol possibly holding spaces; a symbol seen before is an error
+  unless its line ends with `#fairseq:overwrite`, which gives it a new id.
+  """
   symbols = list(FAIRSEQ_SPECIALS)
+  seen = set(symbols)
   with open(path, encoding="utf-8") as f:
     for n, line in enumerate(f, 1):
-      line = line.rstrip("\n")
+      line = line.rstrip()
       if not line:
         continue
       symbol, _, count = line.rpartition(" ")
-      if not symbol:
-        raise ValueError(f"{path}:{n}: expected '<symbol> <count>', got {line[:60]!r}")
+      overwrite = count == "#fairseq:overwrite"
+      if overwrite:
+        symbol, _, count = symbol.rpartition(" ")
+      if not symbol or not count.isdigit():
+        raise ValueError(f"{path}:{n}: expected '<symbol> <count>' (optionally "
+                         f"'#fairseq:overwrite'), got {line[:60]!r}")
+      if symbol in seen and not overwrite:
+        raise ValueError(f"{path}:{n}: {symbol!r} is in the dictionary twice; "
+                         "fairseq refuses that too unless the line ends with "
+                         "#fairseq:overwrite")
+      seen.add(symbol)
       symbols.append(symbol)
-  if "<mask>" not in symbols:
+  if "<mask>" not in seen:
     symbols.append("<mask>")
   return symbols
 

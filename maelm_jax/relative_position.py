@@ -86,12 +86,16 @@ def local_bias_init(cfg):
   the unigram guess before it does (benchmarks/RESULTS.md, "Recipes").
   """
   num_buckets, max_distance = cfg.relative_buckets, cfg.relative_max_distance
+  # Only offsets a sequence can hold: the release's function numbers its buckets
+  # from the farthest offset of a max_positions-long sequence, so farther ones
+  # would get negative bucket numbers (which numpy would wrap to the last rows).
+  reach = min(max_distance, cfg.max_positions - 1)
 
   def init(key, shape, dtype=jnp.float32):
     del key
     # Computed only when the table is created, never in the forward pass.
     with jax.ensure_compile_time_eval():  # Constants, also under jit.
-      offsets = jnp.arange(-max_distance, max_distance + 1)
+      offsets = jnp.arange(-reach, reach + 1)
       buckets = np.asarray(bucket(offsets, cfg))
     # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
     distance = np.full((num_buckets,), float(max_distance), np.float32)

@@ -99,9 +99,12 @@ def tokenizer_path_for(config, workdir: str,
         f"{config.data.source} holds token ids of {corpus_tokenizer}, but this run "
         f"uses {wanted}; drop --config.tokenizer.path (the corpus's tokenizer is "
         "used), or prepare the corpus with --tokenizer=" + wanted)
-  own = (os.path.join(workdir, tokenizer_lib.own_name(wanted)) if wanted
-         else tokenizer_lib.workdir_tokenizer_path(workdir))
-  if wanted and os.path.exists(own) and not _same_tokenizer(own, wanted):
+  # The workdir's own file of either kind: a SentencePiece run resumed with a
+  # tokenizer.json (or the reverse) is a swap too, not a first copy.
+  own = tokenizer_lib.workdir_tokenizer_path(workdir)
+  if wanted and os.path.isfile(own) and (
+      os.path.basename(own) != tokenizer_lib.own_name(wanted)
+      or not _same_tokenizer(own, wanted)):
     raise ValueError(
         f"tokenizer {wanted} differs from {own}, the tokenizer this workdir's "
         "checkpoints were trained with; drop --config.tokenizer.path (and "

@@ -214,3 +214,18 @@ def test_release_import_exports_to_transformers(tmp_path):
   ref_out = np.load(os.path.join(out, "reference_outputs.npz"))
   model = assert_transformers_reproduces(out, ref_out, trust_remote_code=True)
   assert model.config.untie_cls_position is False
+
+
+def test_read_dict_as_fairseq_reads_it(tmp_path):
+  """fairseq's dict.txt: `<symbol> <count>`, symbols may hold spaces, a repeat
+  needs `#fairseq:overwrite` (and then takes a new id), `<mask>` comes last."""
+  path = tmp_path / "dict.txt"
+  path.write_text("the 100\nhello world 7\nthe 3 #fairseq:overwrite\n\n", "utf-8")
+  assert import_fairseq.read_dict(str(path)) == [
+      "<s>", "<pad>", "</s>", "<unk>", "the", "hello world", "the", "<mask>"]
+  path.write_text("the 100\nthe 3\n", "utf-8")
+  with pytest.raises(ValueError, match=r"dict.txt:2: 'the' is in the dictionary twice"):
+    import_fairseq.read_dict(str(path))
+  path.write_text("the 100\nsome #fairseq:overwrite\n", "utf-8")
+  with pytest.raises(ValueError, match=r"dict.txt:2: expected '<symbol> <count>'"):
+    import_fairseq.read_dict(str(path))

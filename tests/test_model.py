@@ -301,3 +301,28 @@ def test_activation_dropout_is_its_own_knob_and_off_by_default():
   del old_fast["model"]["activation_dropout"]
   assert config_lib.config_differences(
       old_fast, tiny_config("mlm", **no_dropout).to_dict()) == []
+
+
+@pytest.mark.parametrize("max_positions", [32, 64, 100, 512])
+def test_local_init_with_the_releases_buckets_at_any_max_positions(max_positions):
+  """With the release's bucket function and sequences shorter than its max
+  distance, every offset a sequence can hold reads -slope * (the smallest |offset|
+  of its bucket); none is numbered below 0 and wrapped onto another row."""
+  cfg = build("maelm", **{"model.relative_bucket_fn": "mae_lm",
+                          "model.relative_buckets": 64,
+                          "model.max_positions": max_positions})
+  table = np.asarray(relative_position.local_bias_init(cfg)(None, (64, 4)))
+  reach = min(cfg.relative_max_distance, max_positions - 1)
+  offsets = np.arange(-reach, reach + 1)
+  buckets = np.asarray(relative_position.bucket(jnp.asarray(offsets), cfg))
+  assert buckets.min() >= 0 and buckets.max() < 64
+  nearest = {}
+  for offset, b in zip(offsets, buckets):
+    nearest[b] = min(nearest.get(b, np.inf), abs(offset))
+  for offset, b in zip(offsets, buckets):
+    np.testing.assert_allclose(table[b, 0], -nearest[b], err_msg=str(offset))
+  assert table[buckets[reach], 0] == 0  # The token itself.
+  # Rows no offset of such a sequence reaches keep the farthest value (before,
+  # far offsets numbered below 0 wrapped onto them).
+  unreached = sorted(set(range(64)) - set(buckets.tolist()))
+  np.testing.assert_allclose(table[unreached, 0], -cfg.relative_max_distance)

@@ -260,3 +260,24 @@ def test_corpus_smaller_than_a_batch(tmp_path, tokenizer_file):
                                    "tokenizer.vocab_size": 600, "batch_size": 64})
   with pytest.raises(ValueError, match="fewer than one batch needs"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("stored,given", [("tokenizer.model", "other.json"),
+                                          ("tokenizer.json", "other.model")])
+def test_resume_refuses_a_tokenizer_of_the_other_kind(tmp_path, stored, given):
+  """A workdir trained with a SentencePiece model resumed with a tokenizer.json
+  (or the reverse) is refused like any other tokenizer swap, before any work."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / stored).write_text("the run's own tokenizer")
+  (tmp_path / given).write_text("another tokenizer")
+  config = tiny_config()
+  config.tokenizer.path = str(tmp_path / given)
+  with pytest.raises(ValueError, match=f"differs from {workdir / stored}.*new --workdir"):
+    train.tokenizer_path_for(config, str(workdir))
+  # The same file of the same kind resumes.
+  same = tmp_path / ("same" + os.path.splitext(stored)[1])
+  same.write_text("the run's own tokenizer")
+  if stored.endswith(".model"):
+    config.tokenizer.path = str(same)
+    assert train.tokenizer_path_for(config, str(workdir)) == str(same)
