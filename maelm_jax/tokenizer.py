@@ -227,6 +227,12 @@ class HFTokenizer(_ProjectIds):
   def encode_one(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
 
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids of `text` and each one's [start, end) characters in `text` (the
+    `tokenizers` alignment, through any normaliser)."""
+    encoding = self._tok.encode(text, add_special_tokens=False)
+    return encoding.ids, [tuple(o) for o in encoding.offsets]
+
   def decode(self, ids: Iterable[int] | np.ndarray) -> str:
     return self._tok.decode(self._printable_ids(ids), skip_special_tokens=False)
 

@@ -277,10 +277,53 @@ def test_refusals_name_the_problem_and_touch_nothing(roberta, tmp_path):
   # where a workdir's tokenizer is read, with the importer named.
   with pytest.raises(ValueError, match="import_hf"):
     tokenizer_lib.HFTokenizer(root / "src" / "tokenizer.json")
-  # SQuAD finds its spans through SentencePiece pieces: refused in one line.
+
+
+SQUAD_CONTEXT = ("The Denver  Broncos won Super Bowl 50 in 2016,\n beating "
+                 "the Carolina Panthers 24\u201310 at Levi's Stadium.")
+
+
+@pytest.mark.parametrize("kind", ["roberta", "bert"])
+def test_squad_spans_through_an_imported_tokenizer(roberta, tmp_path, kind):
+  """SQuAD with a Hugging Face tokenizer.json (byte-level BPE, lowercasing
+  WordPiece): the context's ids are pretraining's ids, each token's characters
+  come from the tokenizer's offsets without the spaces BPE pieces carry, and
+  every gold answer comes back, character for character, from its window."""
   from maelm_jax.finetune import squad_data  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match="Fine-tune this encoder on GLUE"):
-    squad_data._PieceTable(tokenizer_lib.HFTokenizer(root / "w" / "tokenizer.json"))  # pylint: disable=protected-access
+  if kind == "roberta":
+    workdir = roberta[2] / "w"
+  else:
+    make_bert(tmp_path / "src")
+    import_hf.import_checkpoint(str(tmp_path / "src"), str(tmp_path / "w"))
+    workdir = tmp_path / "w"
+  tok = tokenizer_lib.HFTokenizer(workdir / "tokenizer.json")
+  context = SQUAD_CONTEXT
+  tokens = squad_data.tokenize_context(context, tok)
+  assert tokens.ids.tolist() == tok.encode_one(context)
+  for (start, end), token in zip(tokens.char_spans, tokens.ids):
+    piece = context[start:end]
+    assert piece == piece.strip() and 0 <= start <= end <= len(context)
+    if piece.isascii() and piece.isalnum():  # The token spells its characters.
+      spelled = tok.decode([token]).strip().lower().removeprefix("##")
+      assert spelled == piece.lower(), (piece, token)
+  answers = ["Denver  Broncos", "Super Bowl 50", "2016", "Carolina Panthers",
+             "24\u201310", "Levi's Stadium"]
+  examples = [squad_data.SquadExample(
+      qid=str(n), question="Who won Super Bowl 50?", context=context,
+      answers=(a,), answer_starts=(context.index(a),)) for n, a in enumerate(answers)]
+  features = squad_data.make_features(examples, tok, max_seq_len=48, doc_stride=16,
+                                      max_query_len=8, training=True)
+  found = {}
+  for f in range(len(features.input_ids)):
+    start, end = features.start_positions[f], features.end_positions[f]
+    if start == 0:
+      continue  # This window does not hold the whole answer.
+    first, last = (features.context_token_index[f][start],
+                   features.context_token_index[f][end])
+    spans = tokens.char_spans
+    found.setdefault(answers[features.example_index[f]],
+                     context[spans[first][0]:spans[last][1]])
+  assert found == {a: a for a in answers}
 
 
 def test_pretraining_from_scratch_with_a_raw_hugging_face_tokenizer(tmp_path,

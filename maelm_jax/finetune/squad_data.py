@@ -3,7 +3,10 @@
 Reading: the official JSON files (`train-v1.1.json`, `dev-v2.0.json`, ...) or tfds
 `squad/v1.1` / `squad/v2.0` (ArrayRecord, read with `tfds.data_source`).
 
-Character alignment. SentencePiece has no offsets API, so the context is split
+Character alignment. A Hugging Face tokenizer.json gives each token's characters
+(`tokenizers` offsets) on the whole context, as pretraining tokenized its text;
+the spaces a byte-level BPE piece carries ("Ġword") are trimmed off its span.
+SentencePiece has no offsets API, so the context is split
 into whitespace-separated words (as BERT's run_squad does), each word is
 tokenized on its own (SentencePiece never merges across whitespace, so this is
 the same segmentation as tokenizing the whole context), and each token gets the
@@ -133,12 +136,8 @@ class _PieceTable:
   """The text of every vocabulary piece, looked up once per tokenizer."""
 
   def __init__(self, tokenizer):
-    if str(getattr(tokenizer, "path", "")).endswith(".json"):
-      raise ValueError(
-          f"SQuAD's answer spans are found through SentencePiece pieces; the "
-          f"tokenizer {tokenizer.path} is a Hugging Face tokenizer.json. Fine-tune "
-          "this encoder on GLUE, or a run with a SentencePiece tokenizer on SQuAD")
-    self.texts = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    self.texts = ([] if hasattr(tokenizer, "encode_with_offsets") else
+                  [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)])
 
 
 _WORD = re.compile(r"\S+")
@@ -187,6 +186,8 @@ def piece_offsets(word: str, texts: Sequence[str], is_unknown: Sequence[bool]
 def tokenize_context(context: str, tokenizer, pieces: _PieceTable | None = None
                      ) -> ContextTokens:
   """Token ids of `context` and the character span of each token."""
+  if hasattr(tokenizer, "encode_with_offsets"):  # A Hugging Face tokenizer.json.
+    return _tokenize_with_offsets(context, tokenizer)
   pieces = pieces or _PieceTable(tokenizer)
   words = [(m.start(), m.end()) for m in _WORD.finditer(context)]
   word_ids = tokenizer.encode([context[s:e] for s, e in words]) if words else []
@@ -201,6 +202,19 @@ def tokenize_context(context: str, tokenizer, pieces: _PieceTable | None = None
       offsets = [(0, word_end - word_start)] * len(token_ids)
     ids.extend(token_ids)
     spans.extend((word_start + a, word_start + b) for a, b in offsets)
+  return ContextTokens(np.asarray(ids, np.int32).reshape(-1),
+                       np.asarray(spans, np.int32).reshape(-1, 2))
+
+
+def _tokenize_with_offsets(context: str, tokenizer) -> ContextTokens:
+  ids, offsets = tokenizer.encode_with_offsets(context)
+  spans = []
+  for start, end in offsets:
+    while start < end and context[start].isspace():
+      start += 1
+    while end > start and context[end - 1].isspace():
+      end -= 1
+    spans.append((start, end))  # A piece of only spaces: empty, overlaps nothing.
   return ContextTokens(np.asarray(ids, np.int32).reshape(-1),
                        np.asarray(spans, np.int32).reshape(-1, 2))
 
