@@ -1,7 +1,7 @@
 """Writes <dst>: the workdir <src> with only the params of its newest checkpoint (or,
 with a third argument, of the kept one nearest half its last step): no optimizer
 state, no data iterator, all that fine-tuning and BLiMP read. A third of the size,
-for bringing a run back from a lent machine (studies/gpu_pretrain_pair.sh).
+for bringing a run back from a lent machine (studies/gpu_pretrain.sh).
 
   python studies/slim_workdir.py SRC DST [half]
 """
