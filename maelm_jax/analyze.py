@@ -56,7 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax import checkpoints, errors, model as model_lib, pipeline, sources
+from maelm_jax import checkpoints, config_defaults as defaults, errors, model as model_lib
+from maelm_jax import pipeline, sources
 from maelm_jax import tokenizer as tokenizer_lib
 
 KINDS = ("real", "masked_text_real", "masked_text_mask")
@@ -249,7 +250,7 @@ def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,
   text = sources.open_source(source, sources.EVAL, eval_fraction=data.eval_fraction,
                              text_field=data.text_field,
                              tfds_data_dir=data.tfds_data_dir or None,
-                             on_bad_text=data.get("on_bad_text", "warn"))
+                             on_bad_text=defaults.get(data, "on_bad_text", "data"))
   text = text.as_text()  # Each run tokenizes with its own tokenizer.
   rows = [read_rows(text, run.tokenizer, seq_len, num_tokens) for run in runs]
   results = {"source": f"{source} (held-out split)", "seq_len": seq_len,

@@ -11,7 +11,9 @@ import os
 
 import ml_collections
 
-from maelm_jax import attention, model as model_lib, relative_position
+from maelm_jax import attention, config_defaults as defaults, model as model_lib
+from maelm_jax import relative_position
+from maelm_jax.config_defaults import ADDED_KEYS, SameAs  # noqa: F401 (re-exported)
 
 
 def load_config_module(path: str):
@@ -32,11 +34,12 @@ def dropout_and_kernel_errors(c: ml_collections.ConfigDict,
   errors = []
   if not (0.0 <= c.dropout < 1.0 and 0.0 <= c.attention_dropout < 1.0):
     errors.append(f"{prefix}dropout and {prefix}attention_dropout must be in [0, 1)")
-  activation = c.get("activation_dropout", 0.0)
+  within = prefix.rstrip(".")
+  activation = defaults.get(c, "activation_dropout", within)
   if not 0.0 <= activation < 1.0:
     errors.append(f"{prefix}activation_dropout={activation} must be in [0, 1)")
   return errors + attention.config_errors(
-      c.get("attention_impl", "auto"), dtype=c.dtype,
+      defaults.get(c, "attention_impl", within), dtype=c.dtype,
       attention_dropout=c.attention_dropout, key=f"{prefix}attention_impl")
 
 
@@ -87,9 +90,9 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       m[key] = value
   if m.get("decoder_layers") is None:
     m.decoder_layers = 0 if m.decoder_type == "none" else model_lib.SIZES[m.size][4]
-  if config.get("total_flops", 0.0) > 0:
+  if defaults.get(config, "total_flops") > 0:
     config.total_steps = steps_for_flops(config)
-  if config.get("warmup_ratio", 0.0) > 0:
+  if defaults.get(config, "warmup_ratio") > 0:
     config.warmup_steps = round(config.warmup_ratio * config.total_steps)
   return config
 
@@ -147,17 +150,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
   for problem in dropout_and_kernel_errors(m, "model."):
     need(False, problem)
-  need(m.get("relative_bias_init", "normal") in relative_position.RELATIVE_BIAS_INITS,
+  need(defaults.get(config, "model.relative_bias_init") in relative_position.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
        f"{relative_position.RELATIVE_BIAS_INITS}")
-  need(config.data.get("rows", "packed") in ("packed", "complete_doc"),
+  need(defaults.get(config, "data.rows") in ("packed", "complete_doc"),
        f"data.rows={config.data.get('rows')!r} must be 'packed' or 'complete_doc'")
-  need(config.get("weight_decay_on", "matrices") in ("matrices", "all"),
+  need(defaults.get(config, "weight_decay_on") in ("matrices", "all"),
        f"weight_decay_on={config.get('weight_decay_on')!r} must be 'matrices' or 'all'")
-  need(m.get("relative_bucket_fn", "t5") in relative_position.BUCKET_FNS,
+  need(defaults.get(config, "model.relative_bucket_fn") in relative_position.BUCKET_FNS,
        f"model.relative_bucket_fn={m.get('relative_bucket_fn')!r} must be one of "
        f"{relative_position.BUCKET_FNS}")
-  policy = m.get("remat_policy", "none")
+  policy = defaults.get(config, "model.remat_policy")
   need(policy in model_lib.REMAT_POLICIES,
        f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")
   need(not m.remat or policy in ("none", "full"),
@@ -175,11 +178,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"seq_len={config.seq_len} must be between 8 and model.max_positions="
        f"{m.max_positions}; raise --config.model.max_positions")
   need(config.total_steps >= 1, f"total_steps={config.total_steps} must be >= 1")
-  need(config.get("total_flops", 0.0) >= 0,
+  need(defaults.get(config, "total_flops") >= 0,
        f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
   need(config.warmup_steps >= 0,
        f"warmup_steps={config.warmup_steps} must be >= 0")
-  need(0.0 <= config.get("warmup_ratio", 0.0) < 1.0,
+  need(0.0 <= defaults.get(config, "warmup_ratio") < 1.0,
        f"warmup_ratio={config.get('warmup_ratio')} must be in [0, 1) (0: use "
        "warmup_steps)")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
@@ -223,42 +226,6 @@ def _flatten(d, prefix=""):
     else:
       out[name] = list(value) if isinstance(value, (list, tuple)) else value
   return out
-
-
-class SameAs(str):
-  """An ADDED_KEYS value: the saved config's value of another key."""
-
-
-# Keys added after workdirs were first written, each with the value that does
-# what runs did before the key existed: a saved config.json without the key is
-# equal to a config with that value (so old workdirs still resume).
-ADDED_KEYS = {
-    "model.relative_bias_init": "normal",
-    "model.zero_init_residual": False,
-    "model.decoder_relative_position_bias": False,
-    "model.tie_embeddings": True,
-    "model.layer_norm_eps": 1e-5,
-    "model.relative_bucket_fn": "t5",
-    "model.untie_cls_position": True,
-    "weight_decay_on": "matrices",
-    "data.rows": "packed",
-    "start_over": False,
-    "dry_run": False,
-    "keep_final_checkpoint": False,
-    "pooling": "cls",
-    "data.on_bad_text": "warn",
-    "total_flops": 0.0,
-    "warmup_ratio": 0.0,
-    "model.attention_impl": "auto",
-    "model.remat_policy": "none",
-    "model.scan_layers": False,
-    "attention_impl": "auto",
-    # The FFN's inner dropout was `dropout` before it had its own key.
-    "model.activation_dropout": SameAs("model.dropout"),
-    "activation_dropout": SameAs("dropout"),
-    "layer_decay": 1.0,  # Fine-tuning's layer-wise learning-rate decay: off.
-    "relative_updates": False,  # Fine-tuning's LAMB-style relative updates: off.
-}
 
 
 def with_added_keys(saved: dict, current: dict) -> dict:

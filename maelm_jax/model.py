@@ -29,7 +29,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import attention, masking, param_layout, relative_position
+from maelm_jax import attention, config_defaults as defaults, masking, param_layout
+from maelm_jax import relative_position
 
 SIZES = {
     # name: (layers, hidden, heads, mlp, default decoder layers)
@@ -98,7 +99,7 @@ class ModelConfig:
   # Dropout on the encoder's FFN hidden units, after GELU (fairseq's
   # --activation-dropout). 0, as in BERT, RoBERTa and MAE-LM: their FFN has no
   # dropout inside. Runs made before this knob existed used `dropout` there, and
-  # read back that way (`from_config`, config_lib.ADDED_KEYS).
+  # read back that way (`from_config`, config_defaults.ADDED_KEYS).
   activation_dropout: float = 0.0
   dtype: Any = jnp.bfloat16
   attention_impl: str = "auto"
@@ -148,18 +149,18 @@ class ModelConfig:
         relative_position_bias=model_cfg.relative_position_bias,
         relative_buckets=model_cfg.relative_buckets,
         relative_max_distance=model_cfg.relative_max_distance,
-        relative_bucket_fn=model_cfg.get("relative_bucket_fn", "t5"),
-        untie_cls_position=model_cfg.get("untie_cls_position", True),
-        relative_bias_init=model_cfg.get("relative_bias_init", "normal"),
-        zero_init_residual=model_cfg.get("zero_init_residual", False),
+        relative_bucket_fn=defaults.get(model_cfg, "relative_bucket_fn", "model"),
+        untie_cls_position=defaults.get(model_cfg, "untie_cls_position", "model"),
+        relative_bias_init=defaults.get(model_cfg, "relative_bias_init", "model"),
+        zero_init_residual=defaults.get(model_cfg, "zero_init_residual", "model"),
         dropout=model_cfg.dropout,
         attention_dropout=model_cfg.attention_dropout,
-        activation_dropout=model_cfg.get("activation_dropout", model_cfg.dropout),
+        activation_dropout=defaults.get(model_cfg, "activation_dropout", "model"),
         dtype=jnp.dtype(model_cfg.dtype),
-        attention_impl=model_cfg.get("attention_impl", "auto"),
+        attention_impl=defaults.get(model_cfg, "attention_impl", "model"),
         remat=model_cfg.remat,
-        remat_policy=model_cfg.get("remat_policy", "none"),
-        scan_layers=model_cfg.get("scan_layers", False),
+        remat_policy=defaults.get(model_cfg, "remat_policy", "model"),
+        scan_layers=defaults.get(model_cfg, "scan_layers", "model"),
         mask_ratio=model_cfg.mask_ratio,
         random_replace_prob=model_cfg.random_replace_prob,
         keep_prob=model_cfg.keep_prob,
@@ -169,9 +170,9 @@ class ModelConfig:
         decoder_dropout=model_cfg.decoder_dropout,
         decoder_relative_position_bias=model_cfg.get(
             "decoder_relative_position_bias", False),
-        tie_embeddings=model_cfg.get("tie_embeddings", True),
+        tie_embeddings=defaults.get(model_cfg, "tie_embeddings", "model"),
         mask_id=mask_id,
-        layer_norm_eps=model_cfg.get("layer_norm_eps", 1e-5),
+        layer_norm_eps=defaults.get(model_cfg, "layer_norm_eps", "model"),
     )
 
   def mask_counts(self, seq_len: int) -> masking.MaskCounts:

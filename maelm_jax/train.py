@@ -27,10 +27,10 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import (baselines, checkpoints, config_lib, corpus_report, flops,
-                       metric_writers, pipeline, plots,
-                       preemption, sharding, sources, tokenizer as tokenizer_lib,
-                       train_lib, workdir as workdir_lib)
-from maelm_jax import model as model_lib, param_layout
+                       metric_writers, pipeline, plots, run_session, sharding,
+                       sources, tokenizer as tokenizer_lib, train_lib,
+                       workdir as workdir_lib)
+from maelm_jax import config_defaults as defaults, model as model_lib, param_layout
 
 
 # --------------------------------------------------------------------------
@@ -66,26 +66,6 @@ def check_corpus_fills_a_batch(source, tokenizer, seq_len, batch_size, what) -> 
       f"seq_len" + (", or raise data.eval_fraction" if what == "eval" else ""))
 
 
-def prepare_workdir(config, workdir: str) -> None:
-  """Creates the workdir, or checks that an existing one belongs to this config
-  (its mode, its config, its checkpoints folder). Writes nothing into it."""
-  workdir_lib.create(workdir)
-  workdir_lib.check_mode(workdir, "pretrain")
-  checkpoints.check_no_foreign_steps(workdir)
-  saved = workdir_lib.read_config(workdir)
-  if saved is not None and not config.allow_config_change:
-    current = json.loads(config.to_json_best_effort())
-    differences = config_lib.config_differences(saved, current)
-    if differences:
-      as_saved = " ".join(config_lib.resume_flags(saved, current))
-      raise ValueError(
-          f"workdir {workdir} belongs to a run with a different config:\n  "
-          + "\n  ".join(differences)
-          + (f"\nTo resume it as it was saved, add: {as_saved}" if as_saved else "")
-          + "\nOr use a new --workdir, or pass --config.allow_config_change=True "
-          "to resume this run with the new values anyway.")
-
-
 def tokenizer_path_for(config, workdir: str,
                        corpus_tokenizer: str | None = None) -> str | None:
   """The tokenizer a run must use: its own, else the one it was told, else the
@@ -117,7 +97,7 @@ def pretraining_model_config(config, vocab_size: int, mask_id: int):
   (`data.rows=complete_doc`) mask a share of their own tokens (masking.py)."""
   return dataclasses.replace(
       model_lib.ModelConfig.from_config(config.model, vocab_size, mask_id),
-      mask_per_row=config.data.get("rows", "packed") == "complete_doc")
+      mask_per_row=defaults.get(config, "data.rows") == "complete_doc")
 
 
 def _same_tokenizer(own: str, given: str) -> bool:
@@ -324,7 +304,7 @@ def describe_launch(config, workdir: str) -> list[str]:
     state = "new (will be created)"
   else:
     try:
-      prepare_workdir(config, workdir)
+      run_session.claim(config, workdir, "pretrain")
       step = checkpoints.latest_step(workdir)
       state = (f"resumable at step {step}" if step is not None else
                "exists, no checkpoint: starts at step 1")
@@ -350,15 +330,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Pretrains per `config` into `workdir`; returns the last logged metrics."""
   config = config_lib.resolve(config)
   config_lib.validate(config)
-  if config.get("dry_run", False):
+  if defaults.get(config, "dry_run"):
     lines = describe_launch(config, workdir)
     if jax.process_index() == 0:
       print("\n".join(lines), flush=True)
     return {"dry_run": True}
-  prepare_workdir(config, workdir)
-  if jax.process_index() != 0:
-    return _train_and_evaluate(config, workdir)
-  with workdir_lib.Lock(workdir):  # One live run per workdir.
+  run_session.claim(config, workdir, "pretrain")
+  with run_session.hold(workdir):  # One live run per workdir.
     return _train_and_evaluate(config, workdir)
 
 
@@ -374,7 +352,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   source_kwargs = dict(eval_fraction=config.data.eval_fraction,
                        text_field=config.data.text_field,
                        tfds_data_dir=config.data.tfds_data_dir or None,
-                       on_bad_text=config.data.get("on_bad_text", "warn"))
+                       on_bad_text=defaults.get(config, "data.on_bad_text"))
   train_source = sources.open_source(config.data.source, "train", **source_kwargs)
   eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
   tokenizer_path = tokenizer_path_for(config, workdir,
@@ -442,10 +420,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   # only once the run is known to fit the workdir.
   manager = checkpoints.make_manager(workdir, config)
   state, restored_step = checkpoints.restore_latest_good(
-      manager, abstract_state, train_iter, start_over=config.get("start_over", False))
-  if is_main:  # Records after the step the run starts from are redone.
-    metric_writers.truncate_jsonl(workdir_lib.metrics_path(workdir),
-                                  restored_step or 0)
+      manager, abstract_state, train_iter, start_over=defaults.get(config, "start_over"))
   if state is not None:
     logging.info("resumed from %s at step %d", manager.directory, restored_step)
   else:
@@ -453,8 +428,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                                               config.seed)
     if config.init_from:
       state = load_init_from(config, state, state_shardings)
-  if is_main:
-    workdir_lib.write_config(config, workdir)
   train_step, eval_step = train_lib.jit_steps(model_cfg, config.seq_len, tx, mesh,
                                               state_shardings,
                                               config.grad_accum_steps)
@@ -463,8 +436,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                                       eval_ds, mesh, eval_rng)
 
   # ------------------------------------------------------------- Train loop --
-  writer = metric_writers.MetricWriter(workdir, is_main)
-  watcher = preemption.PreemptionWatcher(manager)
+  # config.json and metrics.jsonl as of the step it goes on from (run_session.py).
+  session = run_session.RunSession(workdir, config, manager, restored_step)
   schedule = train_lib.learning_rate_schedule(config)
   step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
   peak = flops.peak_flops(override=config.peak_flops_per_device or None)
@@ -531,7 +504,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
           last.update(evaluate(eval_step, state.params, eval_ds, mesh, eval_rng,
                                config.eval_batches))
           last.update(eval_baselines)
-        writer.write(step, last)
+        session.write(step, last)
         if is_main:
           logging.info(metric_writers.format_console(step, config.total_steps, last))
           if evaluated:
@@ -539,20 +512,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
             _plot(workdir, config)
         timer_start, timed_steps = time.perf_counter(), 0
 
-      if watcher.reached(step):
+      if session.stop_requested(step):
         checkpoints.save(manager, step, state, train_iter)
-        logging.warning("%s: saved a checkpoint at step %d in %s; run the "
-                        "same command to resume",
-                        "interrupted (Ctrl-C)" if watcher.signal_name == "SIGINT"
-                        else "preempted", step, manager.directory)
-        last["preempted_at_step"] = step
-        last["stopped_by"] = watcher.signal_name or "SIGTERM"
+        last.update(session.stopped(step))
         break
       if step % config.checkpoint_every == 0 or is_last:
         checkpoints.save(manager, step, state, train_iter)
   finally:
-    watcher.close()
-    manager.wait_until_finished()
-    manager.close()
-    writer.close()
+    session.close()
   return last

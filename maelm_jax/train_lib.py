@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maelm_jax import attention, masking, sharding
+from maelm_jax import attention, config_defaults as defaults, masking, sharding
 from maelm_jax.model import MaskedLM, ModelConfig, masked_lm_loss
 
 EVAL_SEED_OFFSET = 7919  # Eval masks come from their own stream, fixed for the run.
@@ -58,7 +58,7 @@ def weight_decay_mask(params):
 def _decay_mask(config):
   """config.weight_decay_on: 'matrices' (weight_decay_mask, BERT's rule) or 'all'
   (every parameter, as the MAE-LM release's fairseq AdamW does)."""
-  return None if config.get("weight_decay_on", "matrices") == "all" else weight_decay_mask
+  return None if defaults.get(config, "weight_decay_on") == "all" else weight_decay_mask
 
 
 def _dict_keys(path) -> tuple[str, ...]:
@@ -160,9 +160,9 @@ def scale_by_relative_size() -> optax.GradientTransformation:
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  layer_decay = config.get("layer_decay", 1.0)
+  layer_decay = defaults.get(config, "layer_decay")
   schedule = learning_rate_schedule(config)
-  if config.get("relative_updates", False):
+  if defaults.get(config, "relative_updates"):
     # AdamW's direction (decay included), each tensor's step rescaled to its
     # norm, times the schedule: LAMB.
     return optax.chain(

@@ -5,16 +5,12 @@ config, `write_config` / `read_config`) and `metrics.jsonl` (one JSON record per
 logged step, `metrics_path` / `read_metrics`); checkpoints live in
 `checkpoints/` (checkpoints.py), the tokenizer beside them (tokenizer.py).
 
-`claim(workdir, mode)` runs before anything is written (both loops call it):
-  - creates the directory, or checks that it is writable;
-  - refuses a workdir whose `config.json` says another mode (fine-tuning into a
-    pretraining workdir would overwrite its config and make it unusable both for
-    resuming and as `init_from`), and a fine-tune whose workdir is its own
-    `init_from`;
-  - takes `<workdir>/.lock` (host, pid, process start time). A second live run on
-    the same workdir (a double submit, a requeued job overlapping the old one) is
-    refused, naming the holder; a lock left by a process that no longer exists on
-    this host (kill -9, a crash) is stale and taken over with a log line.
+What refuses a workdir before anything is written (`create`, `check_mode`),
+and the lock (`Lock`): a second live run on the same workdir (a double submit, a
+requeued job overlapping the old one) is refused, naming the holder; a lock left
+by a process that no longer exists on this host (kill -9, a crash) is stale and
+taken over with a log line. A run's lifecycle in both loops (claim, lock,
+config.json, metrics.jsonl, stop signal) is run_session.py.
 
 Only process 0 of a multi-process run takes the lock: the processes of one run
 share the workdir by design.

@@ -47,8 +47,9 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from maelm_jax import (checkpoints, config_lib, metric_writers, preemption,
-                       sharding, train_lib, workdir as workdir_lib)
+from maelm_jax import config_defaults as defaults
+from maelm_jax import (checkpoints, config_lib, metric_writers, run_session, sharding,
+                       train_lib, workdir as workdir_lib)
 from maelm_jax.finetune import heads
 from maelm_jax.finetune.tasks import GlueProblem, SquadProblem
 
@@ -78,13 +79,13 @@ def validate(config) -> None:
        "pretraining run (its config.json, tokenizer.model and checkpoints are used)")
   need(8 <= config.max_seq_len, f"max_seq_len={config.max_seq_len} must be >= 8")
   need(config.batch_size >= 1, f"batch_size={config.batch_size} must be >= 1")
-  need(config.get("pooling", "cls") in heads.POOLINGS,
+  need(defaults.get(config, "pooling") in heads.POOLINGS,
        f"pooling={config.get('pooling')!r} must be one of {heads.POOLINGS}")
   need(config.eval_batch_size >= 1,
        f"eval_batch_size={config.eval_batch_size} must be >= 1")
   need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
-  need(0.0 < config.get("layer_decay", 1.0) <= 1.0,
+  need(0.0 < defaults.get(config, "layer_decay") <= 1.0,
        f"layer_decay={config.get('layer_decay')} must be in (0, 1]; 1.0 turns it "
        "off, 0.5-0.9 is usual")
   need(0.0 <= config.warmup_ratio < 1.0,
@@ -258,37 +259,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ValueError(f"config.mode={config.mode!r}: fine-tuning runs 'glue' or "
                      "'squad' (configs/glue.py, configs/squad.py)")
   validate(config)
-  is_main = jax.process_index() == 0
-  workdir_lib.create(workdir)
-  workdir_lib.check_mode(workdir, config.mode, config.init_from)
-  check_same_run(config, workdir)
+  run_session.claim(config, workdir, config.mode)
   mesh = sharding.make_mesh(config.mesh_shape)
   check_fits_mesh(config, mesh)
   check_pretrained(config)
   problem = GlueProblem(config) if config.mode == "glue" else SquadProblem(config)
-  if not is_main:
-    return _run(config, workdir, problem, mesh)
-  with workdir_lib.Lock(workdir):  # One live run per workdir.
+  with run_session.hold(workdir):  # One live run per workdir.
     return _run(config, workdir, problem, mesh)
 
 
 def check_same_run(config, workdir: str) -> None:
   """A fine-tuning workdir is one run: starting it again (same config) starts it
   over; another config (another init_from, task, learning rate...) is refused,
-  so that results of different runs never mix."""
-  saved = workdir_lib.read_config(workdir)
-  if saved is None:
-    return
-  current = json.loads(config.to_json_best_effort())
-  resumable = config_lib.FINETUNE_RESUMABLE_CHANGES
-  differences = config_lib.config_differences(saved, current, resumable=resumable)
-  if differences:
-    as_saved = " ".join(config_lib.resume_flags(saved, current, resumable=resumable))
-    raise workdir_lib.WorkdirError(
-        f"workdir {workdir} holds a fine-tuning run with another config:\n  "
-        + "\n  ".join(differences)
-        + (f"\nTo resume it as it was saved, add: {as_saved}" if as_saved else "")
-        + "\nOr pass a new --workdir.")
+  so that results of different runs never mix (the sweep asks first)."""
+  run_session.check_same_config(config, workdir, config.mode)
 
 
 def _run(config, workdir: str, problem, mesh) -> dict:
@@ -302,8 +286,8 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   model_cfg = dataclasses.replace(
       pretrained.model_cfg, dropout=config.dropout,
       attention_dropout=config.attention_dropout,
-      activation_dropout=config.get("activation_dropout", config.dropout),
-      attention_impl=config.get("attention_impl", "auto"),
+      activation_dropout=defaults.get(config, "activation_dropout"),
+      attention_impl=defaults.get(config, "attention_impl"),
       dtype=jnp.dtype(config.dtype) if config.dtype else pretrained.model_cfg.dtype)
 
   # ------------------------------------------------------------------ Data --
@@ -320,7 +304,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       end_learning_rate_ratio=config.end_learning_rate_ratio,
       weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
       adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps,
-      layer_decay=config.get("layer_decay", 1.0)))
+      layer_decay=defaults.get(config, "layer_decay")))
 
   # ------------------------------------------- Model, optimizer, sharded state --
   tx = train_lib.make_optimizer(optimizer_config)
@@ -358,11 +342,6 @@ def _run(config, workdir: str, problem, mesh) -> dict:
                             config.seed)
     pretrained.params = None  # The host copy is no longer needed.
   progress = progress or {"epoch": 1, "batches_done": 0, "history": []}
-  if is_main:  # Once the checkpoints are known to fit (they were not touched).
-    workdir_lib.write_config(config, workdir)
-    # Records after the step the run goes on from are redone.
-    metric_writers.truncate_jsonl(workdir_lib.metrics_path(workdir),
-                                  restored_step or 0)
 
   def predict(input_ids):  # With the current `state` (rebound by the loop).
     return predict_all(predict_step, state.params, input_ids, config.eval_batch_size,
@@ -375,8 +354,9 @@ def _run(config, workdir: str, problem, mesh) -> dict:
                                     "history": history})), force=True)
 
   # ------------------------------------------------------------- Train loop --
-  writer = metric_writers.MetricWriter(workdir, is_main)
-  watcher = preemption.PreemptionWatcher(manager)
+  # config.json and metrics.jsonl as of the step it goes on from (run_session.py),
+  # once the checkpoints are known to fit (they were read, not touched).
+  session = run_session.RunSession(workdir, config, manager, restored_step)
   history, evaluation = list(progress["history"]), None
   stop = stopped = False  # A signal arrived / the run stops before its end.
   step = int(jax.device_get(state.step))
@@ -409,10 +389,10 @@ def _run(config, workdir: str, problem, mesh) -> dict:
                     "train/grad_norm": float(train_metrics["grad_norm"]),
                     "lr": float(schedule(step - 1)),
                     "examples_per_sec": timed_examples / max(elapsed, 1e-9)}
-          writer.write(step, logged)
+          session.write(step, logged)
           logging.info(metric_writers.format_console(step, total_steps, logged))
           timer, timed_examples = time.perf_counter(), 0
-        stop = watcher.reached(step)
+        stop = session.stop_requested(step)
         if stop and i < steps_per_epoch - 1:  # Mid-epoch: save where it is.
           save(step, epoch, i + 1)
           stopped = True
@@ -424,7 +404,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       evaluation = problem.evaluate({s.name: predict(s.input_ids)
                                      for s in problem.eval_sets})
       history.append({"step": step, "epoch": epoch, **evaluation.metrics})
-      writer.write(step, {f"eval/{k}": v for k, v in evaluation.metrics.items()})
+      session.write(step, {f"eval/{k}": v for k, v in evaluation.metrics.items()})
       logging.info("epoch %d/%d (step %d): %s", epoch, config.num_epochs, step,
                    ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
       save(step, epoch + 1, 0)
@@ -433,15 +413,9 @@ def _run(config, workdir: str, problem, mesh) -> dict:
         stopped = True
         break
   finally:
-    watcher.close()
-    manager.wait_until_finished()
-    manager.close()
-    writer.close()
+    session.close()
   if stopped:
-    logging.warning("%s: saved a checkpoint at step %d in %s; run the same command "
-                    "to resume", "interrupted (Ctrl-C)" if watcher.signal_name ==
-                    "SIGINT" else "preempted", step, manager.directory)
-    return {"preempted_at_step": step, "stopped_by": watcher.signal_name or "SIGTERM"}
+    return session.stopped(step)
   if evaluation is None:  # Resumed after the last epoch: its outputs again.
     evaluation = problem.evaluate({s.name: predict(s.input_ids)
                                    for s in problem.eval_sets})
@@ -463,7 +437,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   test_predictions = problem.predict_test(predict)  # Every process runs the model.
   if is_main:
     problem.write_predictions(workdir, evaluation, test_predictions)
-    if not config.get("keep_final_checkpoint", False):
+    if not defaults.get(config, "keep_final_checkpoint"):
       # Only needed to resume, and the run is done: at base size a fine-tune's
       # params + Adam state are ~1.3 GB, times every run of a sweep.
       shutil.rmtree(checkpoints.checkpoint_dir(workdir), ignore_errors=True)

@@ -1,0 +1,123 @@
+"""One run lifecycle for both loops (run_session.py): the refusals before any
+write, the lock, config.json and metrics.jsonl as of the step a run goes on
+from, the stop signal and its one message, and closing on every exit."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from configs import glue as glue_config
+from maelm_jax import run_session, workdir as workdir_lib
+from maelm_jax.finetune import run as finetune_run
+from tests.helpers import tiny_config
+
+
+def pretraining_config(**overrides):
+  return tiny_config("mlm", **overrides)
+
+
+def finetuning_config(init_from, **overrides):
+  config = glue_config.get_config("task=sst2")
+  config.init_from = str(init_from)
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  return config
+
+
+def both_modes(tmp_path):
+  """(mode, config maker) of each loop; fine-tuning's init_from is some other
+  directory (claim never reads it)."""
+  init_from = tmp_path / "pretrained"
+  return [("pretrain", pretraining_config),
+          ("glue", lambda **o: finetuning_config(init_from, **o))]
+
+
+@pytest.mark.parametrize("loop", [0, 1], ids=["pretraining", "fine-tuning"])
+def test_claim_refuses_before_any_write_in_both_loops(tmp_path, loop):
+  mode, make = both_modes(tmp_path)[loop]
+  workdir = tmp_path / "run"
+  run_session.claim(make(), str(workdir), mode)  # Creates it, writes nothing.
+  assert workdir.is_dir() and os.listdir(workdir) == []
+  workdir_lib.write_config(make(), str(workdir))
+  run_session.claim(make(), str(workdir), mode)  # The same config: fine.
+  # Another config: refused, naming the key and the flag that resumes as saved.
+  other = make(learning_rate=0.123)
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=r"learning_rate: .* -> 0.123(.|\n)*To resume it as it "
+                           r"was saved, add: --config.learning_rate=") as error:
+    run_session.claim(other, str(workdir), mode)
+  assert ("allow_config_change" in str(error.value)) == (mode == "pretrain")
+  if mode == "pretrain":  # Pretraining may take new values on purpose.
+    run_session.claim(pretraining_config(learning_rate=0.123,
+                                         allow_config_change=True),
+                      str(workdir), mode)
+  # The other loop's workdir: refused by mode, before the config is compared.
+  other_mode, other_make = both_modes(tmp_path)[1 - loop]
+  with pytest.raises(workdir_lib.WorkdirError, match="pass a new --workdir"):
+    run_session.claim(other_make(), str(workdir), other_mode)
+  assert sorted(os.listdir(workdir)) == ["config.json"]
+  # The fine-tuning sweep asks the same question of each of its runs.
+  if mode == "glue":
+    with pytest.raises(workdir_lib.WorkdirError, match="another config"):
+      finetune_run.check_same_run(other, str(workdir))
+
+
+def test_hold_is_one_live_run_per_workdir(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  with run_session.hold(str(workdir)):
+    assert (workdir / workdir_lib.LOCK_FILE).exists()
+    with pytest.raises(workdir_lib.WorkdirError, match="in use"):
+      with run_session.hold(str(workdir)):
+        pass
+  assert not (workdir / workdir_lib.LOCK_FILE).exists()
+
+
+class FakeManager:
+  """What the session asks of a checkpoint manager."""
+
+  def __init__(self, directory):
+    self.directory = directory
+    self.calls = []
+
+  def wait_until_finished(self):
+    self.calls.append("wait")
+
+  def close(self):
+    self.calls.append("close")
+
+
+@pytest.mark.parametrize("loop", [0, 1], ids=["pretraining", "fine-tuning"])
+def test_session_files_stop_signal_and_close(tmp_path, loop):
+  mode, make = both_modes(tmp_path)[loop]
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  metrics = workdir / workdir_lib.METRICS_FILE
+  metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n"
+                             for s in (10, 20, 30)))
+  manager = FakeManager(str(workdir / "checkpoints"))
+  previous = signal.getsignal(signal.SIGTERM)
+  with run_session.RunSession(str(workdir), make(), manager, restored_step=20) as s:
+    # config.json written; the records after the step it goes on from cut.
+    assert workdir_lib.read_config(str(workdir))["learning_rate"] == make().learning_rate
+    assert [r["step"] for r in workdir_lib.read_metrics(str(workdir))] == [10, 20]
+    s.write(21, {"loss": 0.5})
+    assert not s.stop_requested(21)
+    os.kill(os.getpid(), signal.SIGTERM)  # A preemption notice: no exit.
+    assert s.stop_requested(22)
+    assert s.stopped(22) == {"preempted_at_step": 22, "stopped_by": "SIGTERM"}
+  # Closed on leaving: the last checkpoint waited for, the handler given back.
+  assert manager.calls == ["wait", "close"]
+  assert signal.getsignal(signal.SIGTERM) == previous
+  assert [r["step"] for r in workdir_lib.read_metrics(str(workdir))] == [10, 20, 21]
+  # A fresh run (nothing restored) starts its metrics over; an error inside
+  # the block still closes everything.
+  manager = FakeManager(str(workdir / "checkpoints"))
+  with pytest.raises(RuntimeError, match="boom"):
+    with run_session.RunSession(str(workdir), make(), manager, restored_step=None):
+      assert workdir_lib.read_metrics(str(workdir)) == []
+      raise RuntimeError("boom")
+  assert manager.calls == ["wait", "close"]
+  assert signal.getsignal(signal.SIGTERM) == previous
