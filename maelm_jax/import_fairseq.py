@@ -69,9 +69,12 @@ def read_state_dict(src: str) -> dict:
 def read_dict(path: str) -> list[str]:
   """fairseq's symbols in id order: the four implicit specials, the file's, <mask>.
 
-  Read as fairseq's `Dictionary.add_from_file` reads it: `<symbol> <count>` per
-  line, the symbol possibly holding spaces; a symbol seen before is an error
-  unless its line ends with `#fairseq:overwrite`, which gives it a new id.
+  Read as upstream fairseq's `Dictionary.add_from_file` reads it: `<symbol>
+  <count>` per line, the symbol possibly holding spaces; a symbol seen before is
+  an error unless its line ends with `#fairseq:overwrite`, which gives it a new
+  id. (The MAE-LM release's fork is laxer: it skips repeats, takes lines without
+  a count and aliases [CLS]/[MASK]... to <s>/<mask>; a dict.txt that relies on
+  that is refused here, and needs those lines removed.)
   """
   symbols = list(FAIRSEQ_SPECIALS)
   seen = set(symbols)

@@ -23,12 +23,15 @@ and the step compiles once.
 
 Rows of one document padded to L (`data.rows=complete_doc`, the release's rows)
 hold m < L - 2 tokens, and K of them would mask far above the ratio (all of a
-short document). With `per_row` the shapes stay K, but a row selects only
-`round(mask_ratio * m)` of its tokens, split into the three groups in the same
-proportions, and fills each group's remaining slots with weight-0 positions:
-padding first (the encoder ignores it; under MAE-LM / 3ML removing it is free),
-then separators, then unselected tokens, which are then neither corrupted nor
-predicted. A full row selects exactly as without `per_row`, bit for bit.
+short document). With `per_row` the shapes stay K, but a row selects
+`floor(mask_ratio * m + u)` of its tokens, u ~ U[0, 1) per row (the release's
+`int(0.15 * len + U[0, 1))`: the ratio in expectation, short documents too),
+split into the three groups in the run's proportions, and fills each group's
+remaining slots with weight-0 positions: padding first, then separators, then
+unselected tokens, which are then neither corrupted nor predicted. Fillers leave
+the encoder under MAE-LM / 3ML (padding was invisible to it anyway), and the
+model keeps them out of the decoder's attention (`slot_is_token`). A full row
+selects exactly as without `per_row`, bit for bit.
 """
 
 from __future__ import annotations
@@ -76,18 +79,25 @@ class MaskCounts:
     return cls(seq_len, num_selected, num_mask, num_random, num_keep, drop_masked,
                mask_ratio, per_row)
 
-  def row_counts(self, num_tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def row_counts(self, num_tokens: jax.Array, key: jax.Array
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """[B] counts of ([MASK], random, keep) tokens of rows of `num_tokens` maskable
-    tokens: the run's counts scaled by num_tokens / (L - 2), rounded as `create`
-    rounds; a full row gets exactly the run's counts."""
+    tokens: floor(mask_ratio * num_tokens + u) selected (u uniform per row), split
+    as `create` splits K (Python's rounding, from a table); a full row gets
+    exactly the run's counts."""
     full = num_tokens >= self.seq_len - 2
-    selected = jnp.minimum(jnp.round(self.mask_ratio * num_tokens), self.num_selected)
-    replace = self.num_random / self.num_selected
-    keep = self.num_keep / self.num_selected
-    random = jnp.round(selected * replace)
-    kept = jnp.minimum(jnp.round(selected * keep), selected - random)
+    draw = jax.random.uniform(key, num_tokens.shape)
+    selected = jnp.clip(jnp.floor(self.mask_ratio * num_tokens + draw), 0,
+                        self.num_selected).astype(jnp.int32)
+    # The split of every possible count, computed once in Python as `create` does.
+    split = [(round(n * self.num_random / self.num_selected),
+              round(n * self.num_keep / self.num_selected))
+             for n in range(self.num_selected + 1)]
+    split = [(r, min(k, n - r)) for n, (r, k) in enumerate(split)]
+    split = [(min(n - r - k, self.num_mask), r, k) for n, (r, k) in enumerate(split)]
+    masked, random, kept = (jnp.asarray([s[i] for s in split], jnp.int32)[selected]
+                            for i in range(3))
     as_int = lambda x, whole: jnp.where(full, whole, x).astype(jnp.int32)
-    masked = jnp.minimum(selected - random - kept, self.num_mask)
     return (as_int(masked, self.num_mask),
             as_int(random, self.num_random), as_int(kept, self.num_keep))
 
@@ -137,8 +147,8 @@ def _sorted_with(positions: jax.Array, flags: jax.Array) -> tuple[jax.Array, jax
           jnp.take_along_axis(flags, index, axis=-1))
 
 
-def _per_row_order(order: jax.Array, num_tokens: jax.Array, counts: MaskCounts
-                   ) -> tuple[jax.Array, jax.Array]:
+def _per_row_order(order: jax.Array, num_tokens: jax.Array, counts: MaskCounts,
+                   key: jax.Array) -> tuple[jax.Array, jax.Array]:
   """`order` rearranged for per-row counts, and which of its first K slots are real.
 
   `order` [B, L] lists a row's m maskable positions in random order, then its
@@ -150,7 +160,7 @@ def _per_row_order(order: jax.Array, num_tokens: jax.Array, counts: MaskCounts
   full row (n = K) the first K slots are order's own.
   """
   seq_len = order.shape[1]
-  n_mask, n_random, n_keep = (x[:, None] for x in counts.row_counts(num_tokens))
+  n_mask, n_random, n_keep = (x[:, None] for x in counts.row_counts(num_tokens, key))
   m, n = num_tokens[:, None], n_mask + n_random + n_keep
   k, k_mask, k_random = counts.num_selected, counts.num_mask, counts.num_random
   slot = jnp.arange(seq_len)[None, :]
@@ -189,7 +199,9 @@ def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
   order = jnp.argsort(scores, axis=-1, stable=True).astype(jnp.int32)
   k, k_mask, k_random = counts.num_selected, counts.num_mask, counts.num_random
   if counts.per_row:
-    order, slot_real = _per_row_order(order, can_mask.sum(axis=-1), counts)
+    # Its own key: the scores and random tokens stay those of fixed counts.
+    order, slot_real = _per_row_order(order, can_mask.sum(axis=-1), counts,
+                                      jax.random.fold_in(score_key, 1))
   else:  # [B, K]: which selected slots hold a token (not a special or padding).
     slot_real = jnp.take_along_axis(can_mask, order[:, :k], axis=-1)
   selected_positions, selected_real = _sorted_with(order[:, :k], slot_real)
@@ -227,6 +239,13 @@ def draw_masks(key: jax.Array, input_ids: jax.Array, counts: MaskCounts, *,
                encoder_ids=encoder_ids,
                encoder_positions=encoder_positions,
                masked_positions=masked_positions)
+
+
+def slot_is_token(masks: Masks) -> jax.Array:
+  """[B, num_mask] bool: which masked / removed slots hold a selected token; the
+  others fill a row's static count (padding, a separator) and must not be read."""
+  index = jax.vmap(jnp.searchsorted)(masks.selected_positions, masks.masked_positions)
+  return jnp.take_along_axis(masks.selected_weights, index, axis=-1) > 0
 
 
 def selected_is_masked(masks: Masks) -> jax.Array:

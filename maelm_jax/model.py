@@ -509,10 +509,10 @@ class MaskedLM(Encoder):
       if cfg.decoder_type == "self":
         positions = jnp.broadcast_to(jnp.arange(seq_len), full.shape[:2])
         full_valid = jnp.ones(full.shape[:2], bool)
-        if cfg.drop_masked:  # padding slots keep their place among the visible.
+        if cfg.drop_masked:  # padding slots keep their place among the visible;
+          # removed slots that only fill the static count are not read either.
           full_valid = jnp.take_along_axis(
-              jnp.concatenate([enc_valid, jnp.ones_like(masks.masked_positions,
-                                                        bool)], axis=1),
+              jnp.concatenate([enc_valid, masking.slot_is_token(masks)], axis=1),
               jnp.argsort(jnp.concatenate([masks.encoder_positions,
                                            masks.masked_positions], axis=1)),
               axis=1)
@@ -522,8 +522,9 @@ class MaskedLM(Encoder):
       else:  # cross: the decoder sequence is the K selected slots only.
         queries = jnp.take_along_axis(full, masks.selected_positions[..., None],
                                       axis=1)
+        # Slots of weight 0 (fillers of a short row's static count) are not read.
         hidden = self.decoder(queries, masks.selected_positions,
-                              jnp.ones(queries.shape[:2], bool), memory=enc_out,
+                              masks.selected_weights > 0, memory=enc_out,
                               memory_valid=enc_valid,
                               memory_positions=masks.encoder_positions)
     return self.lm_head(hidden, self.token_embed.embedding)

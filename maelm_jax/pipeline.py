@@ -201,8 +201,8 @@ class PackRowsIterDataset(grain.IterDataset):
   stops at the document's [SEP] and is padded; a document longer than a row
   continues in the next (cut by token count, where fairseq cuts between
   sentences). Every row is then `[CLS] tokens of one document [SEP] [PAD]...`.
-  Masking draws a fixed count per row (masking.py), so a short document's row has
-  more than the mask ratio of its tokens masked.
+  Training then masks each row's share of its own tokens (masking.py, per-row
+  counts), inside the same static shapes.
 
   grain's ConcatThenSplitIterDataset is not used: it pads the final partial
   row, emits segment/position features, knows nothing of [CLS]/[SEP] framing,

@@ -197,6 +197,10 @@ class HFTokenizer(_ProjectIds):
     # A literal "<mask>" / "[CLS]" in a document is text, as with SentencePiece's
     # control symbols: special tokens come only from the pipeline.
     self._tok.encode_special_tokens = True
+    # A checkpoint's tokenizer.json may carry truncation or padding settings (for
+    # its model's inputs); rows are cut and padded by the pipeline, never here.
+    self._tok.no_truncation()
+    self._tok.no_padding()
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     pieces = tuple(self._tok.id_to_token(i) for i in range(NUM_SPECIAL))
     if any(p not in ROLE_NAMES[i] for i, p in enumerate(pieces)):

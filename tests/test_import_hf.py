@@ -365,3 +365,23 @@ def test_pretraining_from_scratch_with_a_raw_hugging_face_tokenizer(tmp_path,
   train.train_and_evaluate(config(4), str(workdir))  # Resumes: the same tokenizer.
   assert checkpoints.load_pretrained(str(workdir)).step == 4
   assert not os.listdir(staging)  # The staged re-indexed copy is gone.
+
+
+def test_a_tokenizer_json_with_truncation_and_padding_cuts_and_pads_nothing(
+    roberta, tmp_path):
+  """A checkpoint's tokenizer.json may say "truncate to 8, pad to 40" for its
+  model's inputs; read as a workdir's tokenizer it neither cuts a document nor
+  pads a context (the pipeline frames rows)."""
+  path = roberta[2] / "w" / "tokenizer.json"
+  plain = tokenizer_lib.HFTokenizer(path)
+  raw = tokenizers.Tokenizer.from_file(str(path))
+  raw.enable_truncation(8)
+  raw.enable_padding(length=40, pad_id=1, pad_token="<pad>")
+  raw.save(str(tmp_path / "tokenizer.json"))
+  assert json.loads((tmp_path / "tokenizer.json").read_text())["truncation"]
+  configured = tokenizer_lib.HFTokenizer(tmp_path / "tokenizer.json")
+  text = SQUAD_CONTEXT
+  assert len(plain.encode_one(text)) > 8
+  assert configured.encode_one(text) == plain.encode_one(text)
+  assert configured.encode(["Denver won"]) == plain.encode(["Denver won"])
+  assert configured.encode_with_offsets(text)[0] == plain.encode_one(text)

@@ -326,3 +326,44 @@ def test_local_init_with_the_releases_buckets_at_any_max_positions(max_positions
   # far offsets numbered below 0 wrapped onto them).
   unreached = sorted(set(range(64)) - set(buckets.tolist()))
   np.testing.assert_allclose(table[unreached, 0], -cfg.relative_max_distance)
+
+
+def padded_masks(ids, real, counts):
+  """Masks of a `[CLS] doc [SEP] [PAD]..` row that predict the tokens at `real`
+  ([MASK]ed / removed) and fill the rest of the static counts with padding, as
+  per-row counts do (masking.py)."""
+  pads = [int(p) for p in np.flatnonzero(ids == 0)]
+  fill_mask = pads[:counts.num_mask - len(real)]
+  fill_rest = pads[len(fill_mask):len(fill_mask) + counts.num_random + counts.num_keep]
+  masked = sorted(real + fill_mask)
+  selected = sorted(real + fill_mask + fill_rest)
+  visible = [p for p in range(len(ids)) if p not in masked]
+  return masking.Masks(
+      selected_positions=jnp.asarray([selected], jnp.int32),
+      selected_weights=jnp.asarray([[float(p in real) for p in selected]]),
+      targets=jnp.asarray([ids[selected]], jnp.int32),
+      encoder_ids=jnp.asarray([ids[visible]], jnp.int32),
+      encoder_positions=jnp.asarray([visible], jnp.int32),
+      masked_positions=jnp.asarray([masked], jnp.int32))
+
+
+@pytest.mark.parametrize("decoder_type", ["self", "cross"])
+def test_padding_that_fills_the_static_count_is_never_read(decoder_type):
+  """A short document in rows padded to 32 or 48 positions, the same 3 tokens
+  predicted: the predictions are the same, so the [MASK] slots that only fill a
+  row's static count (padding) are read by no attention, the decoder's included."""
+  cfg = build("maelm", **{"model.decoder_type": decoder_type,
+                          "model.decoder_relative_position_bias": True})
+  doc = random_ids(1, 14, VOCAB)[0]  # [CLS] 12 tokens [SEP]
+  real = [2, 5, 9]
+  logits = []
+  for length in (32, 48):
+    ids = np.concatenate([doc, np.zeros(length - len(doc), np.int32)])
+    masks = padded_masks(ids, real, cfg.mask_counts(length))
+    params = init(cfg, padded_masks(np.concatenate([doc, np.zeros(18, np.int32)]),
+                                    real, cfg.mask_counts(32)))
+    out = np.asarray(model_lib.MaskedLM(cfg).apply({"params": params}, masks))
+    picked = np.asarray(masks.selected_weights[0]) == 1
+    logits.append(out[0][picked])
+  assert logits[0].shape == (3, VOCAB)
+  np.testing.assert_allclose(logits[0], logits[1], atol=1e-5)
