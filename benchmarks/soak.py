@@ -27,6 +27,9 @@ import time
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from maelm_jax import workdir as workdir_lib  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -78,7 +81,7 @@ def main() -> None:
   started = time.time()
   with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
-  metrics = pathlib.Path(args.workdir) / "metrics.jsonl"
+  metrics = pathlib.Path(workdir_lib.metrics_path(args.workdir))
   rows, seen = [], 0
   while process.poll() is None:
     time.sleep(0.2)

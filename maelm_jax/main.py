@@ -12,6 +12,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.errors import error_message, is_user_error
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
@@ -89,9 +90,10 @@ def summary(workdir: str, last: dict) -> str:
         f"{last['eval/loss']:.4f}, accuracy {last['eval/accuracy']:.2%}",
         f"  learning curve: {workdir}/{plots.FILENAME}"]
   lines += [
-      f"  metrics:     {workdir}/metrics.jsonl (TensorBoard: {workdir}/tensorboard)",
+      f"  metrics:     {workdir_lib.metrics_path(workdir)} (TensorBoard: "
+      f"{workdir}/tensorboard)",
       f"  checkpoints: {workdir}/checkpoints   tokenizer: {workdir}/tokenizer.model",
-      f"  config:      {workdir}/config.json",
+      f"  config:      {workdir_lib.config_path(workdir)}",
       "The same command on other data (use a new --workdir):",
       "  your text:  --config.data.source='text:/path/to/*.txt'  (.gz .xz .jsonl too)",
       "  a tfds corpus: --config.data.source='tfds:wikipedia/20230601.en' "

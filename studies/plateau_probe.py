@@ -31,6 +31,7 @@ sys.path[:0] = [str(REPO), str(REPO / "configs")]
 
 import pretrain  # noqa: E402  (configs/pretrain.py)
 from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib, train  # noqa: E402
+from maelm_jax import workdir as workdir_lib  # noqa: E402
 
 BOOKS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
 
@@ -65,8 +66,9 @@ def train_flops_per_step(workdir: pathlib.Path) -> float:
   """The FLOP model's training FLOPs per step of the run in `workdir`."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from maelm_jax import flops, model as model_lib  # pylint: disable=g-import-not-at-top
-  config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
-  vocab = tokenizer_lib.Tokenizer(str(workdir / "tokenizer.model")).vocab_size
+  config = ml_collections.ConfigDict(workdir_lib.read_config(str(workdir)))
+  vocab = tokenizer_lib.open_tokenizer(
+      tokenizer_lib.workdir_tokenizer_path(str(workdir))).vocab_size
   cfg = model_lib.ModelConfig.from_config(config.model, vocab, 4)
   return flops.train_flops_per_step(cfg, config.seq_len, config.batch_size)
 
@@ -204,8 +206,7 @@ def main():
   # Recorded with the results, so the table and plot need no workdir in /tmp.
   per_step = train_flops_per_step(workdir)
   with open(args.out, "a") as out:
-    for line in open(workdir / "metrics.jsonl"):
-      record = json.loads(line)
+    for record in workdir_lib.read_metrics(str(workdir)):
       if "eval/mask_loss" in record:
         record.update(name=args.name, overrides=args.set, train_flops_per_step=per_step,
                       wall_min=round((time.time() - start) / 60, 1))

@@ -43,6 +43,10 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from maelm_jax import workdir as workdir_lib  # noqa: E402
+
 SHARED = REPO.parent / "shared" / "data"
 START, END = "<!-- pretraining_helps:start -->", "<!-- pretraining_helps:end -->"
 TASKS = ("sst2", "qnli", "cola")
@@ -107,8 +111,7 @@ def pretrain(args, workdir: str, steps: int, extra: list[str]) -> dict:
   else:  # Enough sentences for 8k pieces; trains in about a minute.
     cmd.append("--config.tokenizer.max_sentences=300000")
   run(cmd, workdir + ".log")
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    evals = [json.loads(line) for line in f if "eval/mask_loss" in line]
+  evals = workdir_lib.read_metrics(workdir, lambda r: "eval/mask_loss" in r)
   return evals[-1] if evals else {}
 
 
