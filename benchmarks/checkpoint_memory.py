@@ -5,6 +5,11 @@ options), printing RSS every 50 saves (after waiting for the save to finish).
 
   python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop
   python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop --manager=orbax
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop --with_iterator
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop --leaves=150
+
+With `--with_iterator` every save also holds a grain data iterator's state, as a
+training run's saves do (`checkpoints.save`).
 """
 
 import argparse
@@ -32,21 +37,35 @@ def main() -> None:
   parser.add_argument("--saves", type=int, default=600)
   parser.add_argument("--dir", default="/tmp/ckloop")
   parser.add_argument("--manager", choices=("maelm", "orbax"), default="maelm")
+  parser.add_argument("--with_iterator", action="store_true")
+  parser.add_argument("--leaves", type=int, default=1,
+                      help="Arrays the 10 MB are split into (a tiny train state has ~150)")
   args = parser.parse_args()
   shutil.rmtree(args.dir, ignore_errors=True)
-  state = {"w": jnp.asarray(np.random.rand(2_500_000).astype(np.float32)),
-           "step": jnp.asarray(0)}
+  values = np.random.rand(2_500_000).astype(np.float32)
+  state = {f"w{i}": jnp.asarray(part)
+           for i, part in enumerate(np.array_split(values, args.leaves))}
+  state["step"] = jnp.asarray(0)
+  items = ("state", "data") if args.with_iterator else ("state",)
+  iterator = None
+  if args.with_iterator:
+    import grain  # pylint: disable=g-import-not-at-top
+    iterator = iter(grain.MapDataset.range(1_000_000).shuffle(seed=0).to_iter_dataset())
   if args.manager == "maelm":
     manager = checkpoints.make_manager(args.dir, ml_collections.ConfigDict(
-        {"keep_checkpoints": 3, "checkpoint_keep_period": 0}), item_names=("state",))
+        {"keep_checkpoints": 3, "checkpoint_keep_period": 0}), item_names=items)
   else:
-    manager = ocp.CheckpointManager(args.dir, item_names=("state",),
+    manager = ocp.CheckpointManager(args.dir, item_names=items,
                                     options=ocp.CheckpointManagerOptions(
                                         max_to_keep=3, enable_async_checkpointing=True,
                                         cleanup_tmp_directories=True))
   for i in range(1, args.saves + 1):
-    manager.save(i, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
-                 force=True)
+    if iterator is not None:
+      next(iterator)
+      checkpoints.save(manager, i, state, iterator)
+    else:
+      manager.save(i, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+                   force=True)
     if i % 50 == 0:
       manager.wait_until_finished()
       print(i, round(rss_mb(), 1), flush=True)
