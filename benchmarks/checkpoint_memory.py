@@ -40,6 +40,9 @@ def main() -> None:
   parser.add_argument("--with_iterator", action="store_true")
   parser.add_argument("--leaves", type=int, default=1,
                       help="Arrays the 10 MB are split into (a tiny train state has ~150)")
+  parser.add_argument("--recreate_every", type=int, default=0,
+                      help="Close the manager and open a new one every N saves")
+  parser.add_argument("--sync", action="store_true", help="Synchronous saves (orbax)")
   args = parser.parse_args()
   shutil.rmtree(args.dir, ignore_errors=True)
   values = np.random.rand(2_500_000).astype(np.float32)
@@ -51,14 +54,16 @@ def main() -> None:
   if args.with_iterator:
     import grain  # pylint: disable=g-import-not-at-top
     iterator = iter(grain.MapDataset.range(1_000_000).shuffle(seed=0).to_iter_dataset())
-  if args.manager == "maelm":
-    manager = checkpoints.make_manager(args.dir, ml_collections.ConfigDict(
-        {"keep_checkpoints": 3, "checkpoint_keep_period": 0}), item_names=items)
-  else:
-    manager = ocp.CheckpointManager(args.dir, item_names=items,
-                                    options=ocp.CheckpointManagerOptions(
-                                        max_to_keep=3, enable_async_checkpointing=True,
-                                        cleanup_tmp_directories=True))
+  def make():
+    if args.manager == "maelm":
+      return checkpoints.make_manager(args.dir, ml_collections.ConfigDict(
+          {"keep_checkpoints": 3, "checkpoint_keep_period": 0}), item_names=items)
+    return ocp.CheckpointManager(args.dir, item_names=items,
+                                 options=ocp.CheckpointManagerOptions(
+                                     max_to_keep=3,
+                                     enable_async_checkpointing=not args.sync,
+                                     cleanup_tmp_directories=True))
+  manager = make()
   for i in range(1, args.saves + 1):
     if iterator is not None:
       next(iterator)
@@ -66,6 +71,10 @@ def main() -> None:
     else:
       manager.save(i, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
                    force=True)
+    if args.recreate_every and i % args.recreate_every == 0:
+      manager.wait_until_finished()
+      manager.close()
+      manager = make()
     if i % 50 == 0:
       manager.wait_until_finished()
       print(i, round(rss_mb(), 1), flush=True)
