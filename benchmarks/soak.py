@@ -66,6 +66,8 @@ def main() -> None:
   parser.add_argument("--checkpoint_every", type=int, default=100)
   parser.add_argument("--eval_every", type=int, default=500)
   parser.add_argument("--plot", default=str(REPO / "docs" / "soak.png"))
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="Another config value, e.g. --set=model.scan_layers=True")
   args = parser.parse_args()
   if os.path.exists(args.workdir) and os.listdir(args.workdir):
     sys.exit(f"--workdir={args.workdir} is not empty; give a new one")
@@ -77,7 +79,8 @@ def main() -> None:
              f"--config.checkpoint_every={args.checkpoint_every}",
              "--config.keep_checkpoints=3",
              f"--config.tokenizer.vocab_size={args.vocab_size}",
-             "--config.data.eval_fraction=0.05", "--config.eval_batches=4"]
+             "--config.data.eval_fraction=0.05", "--config.eval_batches=4",
+             *(f"--config.{kv}" for kv in args.set)]
   started = time.time()
   with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
