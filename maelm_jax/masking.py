@@ -55,7 +55,7 @@ class MaskCounts:
   num_keep: int  # selected positions left unchanged.
   drop_masked: bool  # MAE-LM / 3ML: [MASK] positions are removed from the encoder.
   mask_ratio: float = 0.0  # What per_row scales each row's count by.
-  per_row: bool = False  # Select round(mask_ratio * tokens in the row) (see above).
+  per_row: bool = False  # Select floor(mask_ratio * tokens in the row + u) (above).
 
   @property
   def encoder_len(self) -> int:
