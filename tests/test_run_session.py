@@ -124,10 +124,10 @@ def test_session_files_stop_signal_and_close(tmp_path, loop):
 
 
 @pytest.mark.parametrize("loop", [0, 1], ids=["pretraining", "fine-tuning"])
-def test_session_after_a_crash_mid_write_and_a_ctrl_c(tmp_path, loop):
+def test_session_after_a_crash_mid_write(tmp_path, loop):
   """The same guarantees for both loops: a torn last metrics line (the process
-  died writing it) is dropped on resume, the whole lines kept; a Ctrl-C stops
-  at the next step with its own message, a second one aborts."""
+  died writing it) is dropped on resume, the whole lines kept. (Ctrl-C is sent
+  to a real run in test_never_lose_a_run: SIGINT here would reach pytest-xdist.)"""
   mode, make = both_modes(tmp_path)[loop]
   workdir = tmp_path / "run"
   workdir.mkdir()
@@ -139,10 +139,6 @@ def test_session_after_a_crash_mid_write_and_a_ctrl_c(tmp_path, loop):
   with run_session.RunSession(str(workdir), make(), manager, restored_step=20) as s:
     assert metrics.read_text().splitlines() == [
         json.dumps({"step": 10, "loss": 1.0}), json.dumps({"step": 20, "loss": 0.9})]
-    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: save at the next step.
-    assert s.stop_requested(21)
-    assert s.stopped(21) == {"preempted_at_step": 21, "stopped_by": "SIGINT"}
-    with pytest.raises(KeyboardInterrupt):  # The second Ctrl-C aborts at once.
-      os.kill(os.getpid(), signal.SIGINT)
+    assert not s.stop_requested(21)
   assert manager.calls == ["wait", "close"]
   assert signal.getsignal(signal.SIGINT) == previous
