@@ -160,15 +160,6 @@ def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
 # --------------------------------------------------------------------------
 
 
-def _evaluations(workdir: str) -> list[dict]:
-  """The run's metrics.jsonl records of its evaluations, in order."""
-  return workdir_lib.read_metrics(workdir, lambda r: "eval/mask_accuracy" in r)
-
-
-def _last_eval(workdir: str) -> dict:
-  return (_evaluations(workdir) or [{}])[-1]
-
-
 def group_of(name: str) -> str:
   """The objective line a run belongs to: its name without seed (and budget)."""
   stem = name.rsplit("_seed", 1)[0]
@@ -180,7 +171,7 @@ def summarize(runs, finetune_reports: dict, ranks: dict, blimp_means=None) -> di
   rows = []
   for run in runs:
     config, name = run["config"], run["name"]
-    ev = _last_eval(run["workdir"])
+    ev = (workdir_lib.evaluations(run["workdir"]) or [{}])[-1]
     report = finetune_reports.get(name, {"tasks": {}})
     scores = {task: entry["median"][entry["main_metric"]]
               for task, entry in report["tasks"].items()}
@@ -386,7 +377,7 @@ def blimp_scores(runs, blimp_dir: str, out: str, *, max_pairs: int = 0,
 
 def mask_accuracy_curve(workdir: str) -> list[tuple[int, float]]:
   """(step, held-out [MASK] accuracy) of every evaluation of a run."""
-  return [(r["step"], r["eval/mask_accuracy"]) for r in _evaluations(workdir)]
+  return [(r["step"], r["eval/mask_accuracy"]) for r in workdir_lib.evaluations(workdir)]
 
 
 def plot_curves(runs, curve_scores: dict, path: str, log_flops: bool = False) -> None:

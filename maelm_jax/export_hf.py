@@ -382,16 +382,11 @@ def reference_outputs(model_cfg, params, tokenizer) -> dict:
           "last_hidden_state": np.asarray(hidden, np.float32)}
 
 
-def _last_eval(workdir: str) -> dict:
-  evals = workdir_lib.read_metrics(workdir, lambda r: "eval/mask_accuracy" in r)
-  return evals[-1] if evals else {}
-
-
 def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool) -> str:
   cfg, config = pretrained.model_cfg, pretrained.config
   num_params = sum(v.size for v in _flatten("", model_params(pretrained.params),
                                             {}).values())
-  ev = _last_eval(workdir)
+  ev = (workdir_lib.evaluations(workdir) or [{}])[-1]
   score = (f"{100 * ev['eval/mask_accuracy']:.1f}% top-1 on held-out [MASK]ed "
            f"positions at step {ev['step']} (always the most frequent piece: "
            f"{100 * ev.get('eval/unigram_accuracy', float('nan')):.1f}%, the "

@@ -21,7 +21,7 @@ def plot_learning_curve(workdir: str, title: str = "") -> str | None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  evals = workdir_lib.read_metrics(workdir, lambda r: "eval/mask_accuracy" in r)
+  evals = workdir_lib.evaluations(workdir)
   if not evals:
     return None
   steps = [r["step"] for r in evals]

@@ -76,6 +76,11 @@ def read_metrics(workdir: str, where=None) -> list[dict]:
   return records
 
 
+def evaluations(workdir: str) -> list[dict]:
+  """A pretraining run's records of its held-out evaluations, in step order."""
+  return read_metrics(workdir, lambda r: "eval/mask_accuracy" in r)
+
+
 class WorkdirError(ValueError):
   """The workdir cannot be used by this run; nothing in it was changed."""
 
