@@ -19,7 +19,6 @@ the end (slow: a few saves a second).
 """
 
 import argparse
-import ctypes
 import gc
 import pathlib
 import shutil
@@ -33,7 +32,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from maelm_jax import checkpoints  # noqa: E402
+from maelm_jax import checkpoints, host_memory  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -86,7 +85,6 @@ def main() -> None:
                                      enable_async_checkpointing=not args.sync,
                                      cleanup_tmp_directories=True))
   manager = make()
-  trim = ctypes.CDLL("libc.so.6").malloc_trim if args.malloc_trim else None
   heap_before = None
   if args.tracemalloc:
     tracemalloc.start(8)
@@ -107,8 +105,8 @@ def main() -> None:
       heap_before = tracemalloc.take_snapshot()
     if i % 50 == 0 or i == args.saves:
       manager.wait_until_finished()
-      if trim:
-        trim(0)
+      if args.malloc_trim:
+        host_memory.release_free_pages()
       heap = tracemalloc.get_traced_memory()[0] / 2**20 if args.tracemalloc else None
       print(i, round(rss_mb(), 1), *(() if heap is None else (f"heap {heap:.1f}",)),
             flush=True)

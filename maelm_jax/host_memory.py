@@ -1,12 +1,12 @@
 """Hands freed host memory back to the OS (glibc's `malloc_trim`).
 
-Each checkpoint save copies the train state into host buffers on orbax's
-threads. glibc keeps the freed pages in its arenas, and the training steps'
-own allocations between two saves leave them scattered, so every save raised
-a long run's resident memory by ~10 MB for good (`benchmarks/soak.py`;
-`benchmarks/RESULTS.md`, "Hours of running"). `malloc_trim(0)` returns every
-free whole page, wherever it lies in an arena. Elsewhere (macOS, musl) there is
-no such call and this does nothing.
+Checkpoint saves (host copies of the train state on orbax's threads),
+evaluations and compilations free host buffers that glibc keeps in its arenas,
+between live blocks. `malloc_trim(0)` returns every free whole page, wherever
+it lies: a `tiny` run's resident memory is about a third lower with it
+(`benchmarks/soak.py`; `benchmarks/RESULTS.md`, "Hours of running"). A slow
+rise under glibc remains (gone with jemalloc preloaded, README "Long runs").
+Elsewhere (macOS, musl) there is no such call and this does nothing.
 """
 
 import ctypes

@@ -102,9 +102,8 @@ class RunSession:
       raise
 
   def write(self, step: int, metrics: dict) -> None:
-    """Records `metrics` of `step`; at each record (every `log_every` steps and
-    after evaluations) freed host pages go back to the OS: checkpoint saves
-    otherwise kept ~10 MB each for good (host_memory.py)."""
+    """Records `metrics` of `step`; at each record (every `log_every` steps)
+    freed host pages go back to the OS (host_memory.py)."""
     self.writer.write(step, metrics)
     host_memory.release_free_pages()
 
