@@ -1,6 +1,7 @@
 r"""Hours of running: does a long run leak memory or slow down?
 
   python benchmarks/soak.py --workdir=/tmp/soak --steps=5000 --plot=docs/soak.png
+  python benchmarks/soak.py --replot=docs/soak.json   # summary and plot again
 
 Runs `python -m maelm_jax.main` (tiny MAE-LM, CPython's docs by default, so
 the data repeats for many epochs) for --steps with everything a long run does:
@@ -11,9 +12,17 @@ resident memory of the run (its process and any children, from /proc) is read.
 The step time is the run's own throughput over the 100 steps before each record
 (evaluation excluded, as the run reports it).
 
+The run's C allocator is jemalloc (preloaded, as the launchers do: glibc's
+arenas hold on to more memory at every save, README "Long runs") unless
+--allocator=glibc. The records so far are rewritten beside the plot at each
+record, so a soak cut short (a machine taken back) still has its figures:
+--replot makes the summary and plot from them.
+
 Printed as JSON and written beside the plot: RSS at step 500 and at the end
-(target: within +5%), a linear fit of RSS per 1,000 steps, and the median step
-time of the second 1,000 steps against the last 1,000 (target: no drift).
+(target: within +5%), the lowest RSS of each 1,000 steps (single samples swing
+by live save and evaluation buffers), a linear fit of RSS per 1,000 steps, and
+the median step time of the second 1,000 steps against the last 1,000 (target:
+no drift).
 """
 
 import argparse
@@ -29,6 +38,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from maelm_jax import host_memory  # noqa: E402
 from maelm_jax import workdir as workdir_lib  # noqa: E402
 
 
@@ -68,7 +78,26 @@ def main() -> None:
   parser.add_argument("--plot", default=str(REPO / "docs" / "soak.png"))
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="Another config value, e.g. --set=model.scan_layers=True")
+  parser.add_argument("--allocator", choices=("jemalloc", "glibc"), default="jemalloc",
+                      help="The run's C allocator: jemalloc preloaded (as the launchers "
+                      "do), or glibc's malloc")
+  parser.add_argument("--replot", metavar="SOAK_JSON",
+                      help="Only the summary and plot again, from a soak's JSON")
   args = parser.parse_args()
+  if args.replot:
+    soak = json.loads(pathlib.Path(args.replot).read_text())
+    summarize_and_plot(soak, pathlib.Path(args.replot).with_suffix(".png"))
+    return
+  env = dict(os.environ)
+  if args.allocator == "jemalloc":
+    library = host_memory.find_jemalloc()
+    if library is None:
+      sys.exit("--allocator=jemalloc: libjemalloc.so.2 not found; install it "
+               "(apt install libjemalloc2), set MAELM_JEMALLOC=/path/to/libjemalloc.so.2, "
+               "or pass --allocator=glibc")
+    env["LD_PRELOAD"] = ":".join(filter(None, [library, env.get("LD_PRELOAD")]))
+  else:
+    env.pop("LD_PRELOAD", None)
   if os.path.exists(args.workdir) and os.listdir(args.workdir):
     sys.exit(f"--workdir={args.workdir} is not empty; give a new one")
   command = [sys.executable, "-m", "maelm_jax.main", f"--workdir={args.workdir}",
@@ -81,11 +110,17 @@ def main() -> None:
              f"--config.tokenizer.vocab_size={args.vocab_size}",
              "--config.data.eval_fraction=0.05", "--config.eval_batches=4",
              *(f"--config.{kv}" for kv in args.set)]
+  plot = pathlib.Path(args.plot)
+  plot.parent.mkdir(parents=True, exist_ok=True)
   started = time.time()
   with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:
-    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
+    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log, env=env)
   metrics = pathlib.Path(workdir_lib.metrics_path(args.workdir))
   rows, seen = [], 0
+  soak = {"command": " ".join(command[1:]), "allocator": args.allocator,
+          "ld_preload": env.get("LD_PRELOAD", ""), "batch_size": args.batch_size,
+          "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every,
+          "rows": rows}
   while process.poll() is None:
     time.sleep(0.2)
     if not metrics.exists():
@@ -102,30 +137,45 @@ def main() -> None:
                      "seconds": round(time.time() - started, 1)})
       seen = len(lines)
       print(json.dumps(rows[-1]), flush=True)
+      soak["wall_minutes"] = round((time.time() - started) / 60, 1)
+      plot.with_suffix(".json").write_text(json.dumps(soak, indent=1))
   if process.returncode != 0:
     sys.exit(f"the run failed (exit {process.returncode}); see {log.name}")
+  summarize_and_plot(soak, plot)
+
+
+def summarize_and_plot(record: dict, plot: pathlib.Path) -> None:
+  """Adds the summary to `record` (a soak's command and rows), writes it beside
+  `plot` as JSON, prints it, and draws RSS and step time against the step."""
+  rows = record["rows"]
 
   steps = np.array([r["step"] for r in rows])
+  if steps.size == 0 or steps[-1] < 2000:
+    sys.exit(f"only {steps[-1] if steps.size else 0} steps recorded: a summary needs 2,000")
   rss = np.array([r["rss_mb"] for r in rows])
   step_ms = np.array([r["step_ms"] or np.nan for r in rows])
   at = lambda s: rss[np.searchsorted(steps, s)]
   window = lambda lo, hi: float(np.nanmedian(step_ms[(steps > lo) & (steps <= hi)]))
   late = steps >= 500
   slope = np.polyfit(steps[late], rss[late], 1)[0] * 1000
+  floors = [float(rss[(steps > lo) & (steps <= lo + 1000)].min())
+            for lo in range(0, int(steps[-1]), 1000) if ((steps > lo) & (steps <= lo + 1000)).any()]
   summary = {
-      "command": " ".join(command[1:]), "steps": int(steps[-1]),
-      "wall_minutes": round((time.time() - started) / 60, 1),
+      "steps": int(steps[-1]),
       "rss_mb_at_500": float(at(500)), "rss_mb_at_end": float(rss[-1]),
       "rss_change_500_to_end": f"{(rss[-1] / at(500) - 1) * 100:+.1f}%",
+      "rss_mb_lowest_per_1000_steps": floors,
       "rss_mb_per_1000_steps_fit": round(float(slope), 2),
       "step_ms_median_1000_2000": window(1000, 2000),
       "step_ms_median_last_1000": window(steps[-1] - 1000, steps[-1]),
-      "rows": rows}
+  }
   summary["step_time_change"] = (f"{(summary['step_ms_median_last_1000'] / summary['step_ms_median_1000_2000'] - 1) * 100:+.1f}%")
-  print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))
-  plot = pathlib.Path(args.plot)
+  print(json.dumps(summary, indent=1))
+  record.update(summary)
+  rows = record.pop("rows")
+  record["rows"] = rows  # Last in the file, after the figures.
   plot.parent.mkdir(parents=True, exist_ok=True)
-  plot.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+  plot.with_suffix(".json").write_text(json.dumps(record, indent=1))
 
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
@@ -140,8 +190,9 @@ def main() -> None:
   bottom.set_ylabel("step time (ms, per 100 steps)")
   bottom.set_ylim(0, np.nanmax(step_ms) * 1.15)
   bottom.set_xlabel("step")
-  fig.suptitle(f"Soak: tiny MAE-LM, {steps[-1]:,} steps, batch {args.batch_size}; "
-               f"eval every {args.eval_every}, checkpoint every {args.checkpoint_every}")
+  fig.suptitle(f"Soak: tiny MAE-LM, {steps[-1]:,} steps, batch {record.get('batch_size', 16)}, "
+               f"{record.get('allocator', 'glibc')}; eval every {record.get('eval_every', 500)}, "
+               f"checkpoint every {record.get('checkpoint_every', 100)}")
   fig.tight_layout()
   fig.savefig(plot, dpi=90)
   print(f"plot: {plot}")

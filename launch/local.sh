@@ -2,7 +2,8 @@
 # Runs a multi-process (multi-host style) maelm_jax job on THIS machine.
 #
 #   launch/local.sh --num_processes=N --devices_per_process=D [--port=P]
-#                   [--platform=cpu|gpu] [--dry_run] -- <arguments of maelm_jax.main>
+#                   [--platform=cpu|gpu] [--no_jemalloc] [--dry_run]
+#                   -- <arguments of maelm_jax.main>
 #
 # Starts N processes of `python -m maelm_jax.main <arguments>`, process i with
 #   MAELM_COORDINATOR_ADDRESS=127.0.0.1:P  MAELM_NUM_PROCESSES=N  MAELM_PROCESS_ID=i
@@ -18,6 +19,11 @@
 # exits with that process's status, naming it. SIGTERM and SIGINT are forwarded
 # to every process (on SIGTERM a run checkpoints at the next step boundary and
 # exits 0, so the launcher then exits 0 too); a second SIGINT kills them.
+#
+# jemalloc is preloaded into every process where it is installed (LD_PRELOAD;
+# $MAELM_JEMALLOC names the library if it is elsewhere): under glibc's malloc a
+# run's memory creeps up over hours of checkpointing (launch/jemalloc.sh).
+# --no_jemalloc leaves glibc's malloc.
 #
 # Python: $PYTHON, else <repo>/.venv/bin/python if present, else python3.
 # --dry_run prints the exact commands (with their environment) and runs nothing.
@@ -43,6 +49,7 @@ devices_per_process=""
 port=""
 platform="cpu"
 dry_run=0
+use_jemalloc=1
 
 while (($#)); do
   case "$1" in
@@ -56,6 +63,7 @@ while (($#)); do
       shift
       ;;
     --dry_run | --dry-run) dry_run=1 ;;
+    --no_jemalloc | --no-jemalloc) use_jemalloc=0 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option '$1'. Launcher options go before '--', the arguments of maelm_jax.main after it (--help for usage)" ;;
@@ -75,6 +83,15 @@ if [[ -n "$port" ]]; then
   is_positive_int "$port" && ((port < 65536)) || die "--port='$port' must be in 1..65535"
 fi
 ((${#main_args[@]})) || die "no arguments for maelm_jax.main after '--' (at least --config and --workdir)"
+
+# shellcheck source=launch/jemalloc.sh
+source "$REPO/launch/jemalloc.sh"
+jemalloc_ld_preload=""
+if ((use_jemalloc)); then
+  jemalloc_preload local.sh || exit 2
+else
+  echo "local.sh: --no_jemalloc: glibc's malloc" >&2
+fi
 
 if [[ -n "${PYTHON:-}" ]]; then
   py="$PYTHON"
@@ -123,6 +140,9 @@ build() {
     env_of+=("MAELM_LOCAL_DEVICE_IDS=$(seq -s, "$first" $((first + devices_per_process - 1)))")
   fi
   env_of+=("PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}")
+  if [[ -n "$jemalloc_ld_preload" ]]; then
+    env_of+=("LD_PRELOAD=$jemalloc_ld_preload")
+  fi
   cmd_of=("$py" -m maelm_jax.main "${main_args[@]}")
 }
 

@@ -2,16 +2,21 @@
 # Runs maelm_jax on every worker of a Cloud TPU VM (pod slice) through gcloud.
 #
 #   launch/tpu_pod.sh --tpu=NAME --zone=ZONE [--project=PROJECT] [--skip_copy]
-#                     [--skip_install] [--detach] [--dry_run] -- <arguments of maelm_jax.main>
+#                     [--skip_install] [--detach] [--no_jemalloc] [--dry_run]
+#                     -- <arguments of maelm_jax.main>
 #
 # Steps, each a gcloud command over all workers (--worker=all, in parallel):
 #   1. copy this repository (without .venv, workdirs, .git, caches) to ~/maelm-jax
 #      on every worker: a clean local copy, then `tpu-vm scp --recurse`;
-#   2. install it into the venv ~/maelm-venv: `pip install -e . "jax[tpu]"`;
+#   2. install it into the venv ~/maelm-venv: `pip install -e . "jax[tpu]"`, and
+#      jemalloc (`apt-get install libjemalloc2`, skipped where it is);
 #   3. run `python -m maelm_jax.main <arguments>` in ~/maelm-jax on every worker
 #      with MAELM_DISTRIBUTED=tpu, so that maelm_jax/distributed.py calls
 #      jax.distributed.initialize() with no arguments and JAX takes worker count,
-#      worker id and coordinator from the TPU metadata.
+#      worker id and coordinator from the TPU metadata; jemalloc preloaded
+#      where installed (launch/jemalloc.sh: under glibc's malloc a run's memory
+#      creeps up over hours of checkpointing).
+# --no_jemalloc: neither installs nor preloads it (glibc's malloc).
 # --skip_copy / --skip_install leave out steps 1 / 2 (a relaunch of the same code).
 # --detach starts the run under nohup (log: ~/maelm-jax.log on each worker) and
 # returns, so a dropped ssh connection does not kill a long run.
@@ -49,6 +54,7 @@ dry_run=0
 skip_copy=0
 skip_install=0
 detach=0
+use_jemalloc=1
 
 while (($#)); do
   case "$1" in
@@ -63,6 +69,7 @@ while (($#)); do
     --skip_copy) skip_copy=1 ;;
     --skip_install) skip_install=1 ;;
     --detach) detach=1 ;;
+    --no_jemalloc | --no-jemalloc) use_jemalloc=0 ;;
     --dry_run | --dry-run) dry_run=1 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; break ;;
@@ -106,13 +113,20 @@ quote() {  # Shell-quoted words, space-separated.
 
 # The remote commands (run by each worker's login shell, in its home directory).
 args_q="$(quote "${main_args[@]}")"
-run_cmd="cd ~/$REMOTE_DIR && MAELM_DISTRIBUTED=tpu"
+run_cmd="cd ~/$REMOTE_DIR && "
+if ((use_jemalloc)); then
+  run_cmd+=". launch/jemalloc.sh && jemalloc_preload \"tpu_pod.sh on \$(hostname)\" export && "
+fi
+run_cmd+="MAELM_DISTRIBUTED=tpu"
 if ((detach)); then
   run_cmd+=" nohup ~/$REMOTE_VENV/bin/python -m maelm_jax.main ${args_q} > ~/$REMOTE_LOG 2>&1 < /dev/null &"
 else
   run_cmd+=" ~/$REMOTE_VENV/bin/python -m maelm_jax.main ${args_q}"
 fi
 install_cmd="set -e; cd ~/$REMOTE_DIR; if [ ! -x ~/$REMOTE_VENV/bin/python ]; then python3 -m venv ~/$REMOTE_VENV || { sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv && python3 -m venv ~/$REMOTE_VENV; }; fi; ~/$REMOTE_VENV/bin/pip install -q -U pip; ~/$REMOTE_VENV/bin/pip install -q -e . 'jax[tpu]'"
+if ((use_jemalloc)); then
+  install_cmd+="; . launch/jemalloc.sh; jemalloc_library > /dev/null || sudo apt-get -qq install -y libjemalloc2 || { sudo apt-get -qq update && sudo apt-get -qq install -y libjemalloc2; } || echo 'jemalloc not installed: the run will use glibc malloc'"
+fi
 
 commands=()   # Each entry: one command line, already shell-quoted.
 if ((!skip_copy)); then

@@ -392,6 +392,93 @@ def test_tpu_pod_relaunch_and_errors():
   assert out.returncode == 2 and "no --workdir" in out.stderr
 
 
+# --------------------------------------------------------------------------
+# jemalloc: preloaded by every launcher where installed (launch/jemalloc.sh)
+
+
+@pytest.fixture
+def fake_jemalloc(tmp_path):
+  """A file standing in for libjemalloc.so.2 (dry runs only name it)."""
+  library = tmp_path / "lib" / "libjemalloc.so.2"
+  library.parent.mkdir()
+  library.write_bytes(b"")
+  return str(library)
+
+
+def test_local_preloads_jemalloc_into_every_process(fake_jemalloc):
+  out = run_script([LOCAL_SH, "--num_processes=2", "--devices_per_process=4", "--port=1234",
+                    "--dry_run", "--", "--workdir=/w"],
+                   env={"MAELM_JEMALLOC": fake_jemalloc, "LD_PRELOAD": "/opt/other.so"})
+  assert out.returncode == 0, out.stderr
+  envs = [split_env(w)[0] for w in commands(out.stdout)]
+  assert [e["LD_PRELOAD"] for e in envs] == [f"{fake_jemalloc}:/opt/other.so"] * 2
+  assert f"preloading jemalloc ({fake_jemalloc})" in out.stderr
+  # Already preloaded (a relaunch from a shell that has it): not twice.
+  out = run_script([LOCAL_SH, "--num_processes=1", "--devices_per_process=4", "--port=1234",
+                    "--dry_run", "--", "--workdir=/w"],
+                   env={"MAELM_JEMALLOC": fake_jemalloc, "LD_PRELOAD": fake_jemalloc})
+  assert split_env(commands(out.stdout)[0])[0]["LD_PRELOAD"] == fake_jemalloc
+
+
+def test_local_no_jemalloc_and_a_wrong_library_path(fake_jemalloc):
+  out = run_script([LOCAL_SH, "--num_processes=1", "--devices_per_process=4", "--port=1234",
+                    "--no_jemalloc", "--dry_run", "--", "--workdir=/w"],
+                   env={"MAELM_JEMALLOC": fake_jemalloc})
+  assert out.returncode == 0, out.stderr
+  assert "LD_PRELOAD" not in split_env(commands(out.stdout)[0])[0]
+  assert "--no_jemalloc: glibc's malloc" in out.stderr
+  # A library named by hand that is not there stops the launch, before anything runs.
+  out = run_script([LOCAL_SH, "--num_processes=1", "--devices_per_process=4", "--port=1234",
+                    "--dry_run", "--", "--workdir=/w"],
+                   env={"MAELM_JEMALLOC": fake_jemalloc + ".missing"})
+  assert out.returncode == 2 and out.stdout == ""
+  assert f"MAELM_JEMALLOC={fake_jemalloc}.missing is no file" in out.stderr
+
+
+def test_slurm_preloads_jemalloc_into_the_tasks(fake_jemalloc):
+  out = run_script([SLURM_SBATCH, "--dry_run", "--", "--workdir=/w"],
+                   env={"MAELM_JEMALLOC": fake_jemalloc})
+  assert out.returncode == 0, out.stderr
+  (words,) = commands(out.stdout)
+  env, rest = split_env(words)
+  assert env == {"LD_PRELOAD": fake_jemalloc} and rest[0] == "srun"
+  out = run_script([SLURM_SBATCH, "--no_jemalloc", "--dry_run", "--", "--workdir=/w"],
+                   env={"MAELM_JEMALLOC": fake_jemalloc})
+  assert commands(out.stdout)[0][0] == "srun"
+
+
+def test_tpu_pod_installs_and_preloads_jemalloc_on_each_worker(fake_jemalloc, tmp_path):
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_copy", "--dry_run", "--",
+                    "--workdir=/w"])
+  assert out.returncode == 0, out.stderr
+  install, run = (w[-1][len("--command="):] for w in commands(out.stdout))
+  assert "apt-get -qq install -y libjemalloc2" in install
+  assert "jemalloc_preload" in run
+  # The remote run command's preamble, executed here in a copy of the repository's
+  # layout (the code copy on a worker): it exports LD_PRELOAD for the run.
+  worker = tmp_path / "worker"
+  (worker / "launch").mkdir(parents=True)
+  (worker / "launch" / "jemalloc.sh").write_text((REPO / "launch" / "jemalloc.sh").read_text())
+  preamble = run[run.index(". launch/jemalloc.sh"):run.index("MAELM_DISTRIBUTED=tpu")]
+  shown = run_script(["-c", preamble + 'echo "LD_PRELOAD=$LD_PRELOAD"'], cwd=worker,
+                     env={"MAELM_JEMALLOC": fake_jemalloc})
+  assert shown.returncode == 0, shown.stderr
+  assert shown.stdout.strip() == f"LD_PRELOAD={fake_jemalloc}"
+  assert "tpu_pod.sh on " in shown.stderr and "preloading jemalloc" in shown.stderr
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_copy", "--no_jemalloc",
+                    "--dry_run", "--", "--workdir=/w"])
+  assert "jemalloc" not in out.stdout
+
+
+def test_the_launchers_search_where_host_memory_does():
+  """launch/jemalloc.sh and maelm_jax/host_memory.py list the same places."""
+  from maelm_jax import host_memory  # pylint: disable=import-outside-toplevel
+  text = (REPO / "launch" / "jemalloc.sh").read_text()
+  block = text[text.index("JEMALLOC_PATHS=(") + len("JEMALLOC_PATHS=("):]
+  shell_paths = tuple(block[:block.index(")")].split())
+  assert shell_paths == host_memory.JEMALLOC_PATHS
+
+
 def sbatch_headers():
   return dict(line[len("#SBATCH --"):].split("=", 1)
               for line in SLURM_SBATCH.read_text().splitlines()
@@ -412,7 +499,8 @@ def test_slurm_headers():
 
 
 def test_slurm_dry_run_one_process_per_gpu():
-  out = run_script([SLURM_SBATCH, "--dry_run", "--", *MAIN_ARGS, "--workdir=/shared/w"],
+  out = run_script([SLURM_SBATCH, "--no_jemalloc", "--dry_run", "--", *MAIN_ARGS,
+                    "--workdir=/shared/w"],
                    env={"PYTHON": "/opt/py/bin/python"})
   assert out.returncode == 0, out.stderr
   (words,) = commands(out.stdout)
@@ -440,6 +528,7 @@ def test_slurm_dry_run_one_process_per_node_and_inside_a_job():
   for flag in ("--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--cpus-per-task=24"):
     assert flag in rest
   assert rest[rest.index("-m") - 1] == "python3"  # No .venv in the submit dir.
+  assert "jemalloc.sh not found (submit from the repository root)" in out.stderr
   out = run_script([SLURM_SBATCH, "--dry_run", "--", "--workdir=/w"],
                    env={"MAELM_PROCS_PER": "rack"})
   assert out.returncode == 2 and "must be gpu or node" in out.stderr

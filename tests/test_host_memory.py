@@ -1,10 +1,17 @@
-"""host_memory.release_free_pages gives scattered free heap pages back to the OS."""
+"""host_memory: freed heap pages go back to the OS; which allocator runs; where
+jemalloc is."""
 
 import ctypes
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
 from maelm_jax import host_memory
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _rss_mb() -> float:
@@ -33,3 +40,33 @@ def test_free_pages_between_live_blocks_go_back_to_the_os():
     for block in blocks[1::2]:
       libc.free(block)
   assert released > 40, f"only {released:.0f} MB of 64 MB of holes went back"
+
+
+def _allocator_of_a_fresh_python(env_extra: dict) -> str:
+  env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MAELM_JEMALLOC")}
+  env.update(env_extra)
+  out = subprocess.run([sys.executable, "-c", "from maelm_jax import host_memory; "
+                        "print(host_memory.allocator())"], capture_output=True, text=True,
+                       env=env, cwd=REPO, timeout=120)
+  assert out.returncode == 0, out.stderr
+  return out.stdout.strip()
+
+
+@pytest.mark.skipif(host_memory._MALLOC_TRIM is None, reason="not glibc")
+def test_allocator_names_glibc_without_a_preload():
+  assert _allocator_of_a_fresh_python({}) == "glibc"
+
+
+@pytest.mark.skipif(host_memory.find_jemalloc() is None,
+                    reason="jemalloc not installed (apt install libjemalloc2)")
+def test_allocator_names_a_preloaded_jemalloc():
+  assert _allocator_of_a_fresh_python({"LD_PRELOAD": host_memory.find_jemalloc()}) == "jemalloc"
+
+
+def test_find_jemalloc_takes_the_named_library_or_none(tmp_path, monkeypatch):
+  library = tmp_path / "libjemalloc.so.2"
+  library.write_bytes(b"")
+  monkeypatch.setenv("MAELM_JEMALLOC", str(library))
+  assert host_memory.find_jemalloc() == str(library)
+  monkeypatch.setenv("MAELM_JEMALLOC", str(tmp_path / "missing.so"))
+  assert host_memory.find_jemalloc() is None  # Named but absent: not another one.

@@ -30,6 +30,7 @@ import time
 import numpy as np
 import pytest
 
+from maelm_jax import host_memory
 from maelm_jax import prepare_data
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -170,6 +171,10 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
     for i, text in enumerate(logs):
       assert "distributed: explicit" in text and f"process {i} of 2" in text, text[-3000:]
       assert "4 local / 8 global devices" in text
+      # The launcher preloads jemalloc where it is installed, and each run says
+      # which allocator it got.
+      allocator = "jemalloc" if host_memory.find_jemalloc() else "glibc"
+      assert f"host allocator: {allocator}" in text, text[-3000:]
     assert "step 6/6" in out_a  # Process 0 streams to the launcher's terminal.
     assert "distributed: process 1 of 2" not in out_a  # Process 1 only to its log.
 
