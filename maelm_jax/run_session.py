@@ -95,6 +95,7 @@ class RunSession:
       metric_writers.truncate_jsonl(workdir_lib.metrics_path(workdir),
                                     restored_step or 0)
     self.writer = metric_writers.MetricWriter(workdir, self.is_main)
+    self.page_releaser = host_memory.FreePageReleaser()
     try:
       self.watcher = preemption.PreemptionWatcher(manager)
     except BaseException:
@@ -102,10 +103,10 @@ class RunSession:
       raise
 
   def write(self, step: int, metrics: dict) -> None:
-    """Records `metrics` of `step`; at each record (every `log_every` steps)
-    freed host pages go back to the OS (host_memory.py)."""
+    """Records `metrics` of `step`; under glibc, freed host pages go back to the
+    OS at a record once every 30 s (host_memory.FreePageReleaser)."""
     self.writer.write(step, metrics)
-    host_memory.release_free_pages()
+    self.page_releaser.maybe_release()
 
   def stop_requested(self, step: int) -> bool:
     """True once a SIGTERM / SIGINT has come (on any process): save and stop."""

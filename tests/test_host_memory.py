@@ -70,3 +70,32 @@ def test_find_jemalloc_takes_the_named_library_or_none(tmp_path, monkeypatch):
   assert host_memory.find_jemalloc() == str(library)
   monkeypatch.setenv("MAELM_JEMALLOC", str(tmp_path / "missing.so"))
   assert host_memory.find_jemalloc() is None  # Named but absent: not another one.
+
+
+@pytest.mark.skipif(host_memory._MALLOC_TRIM is None or host_memory.allocator() != "glibc",
+                    reason="not glibc's malloc")
+def test_the_releaser_trims_at_most_once_per_interval(monkeypatch):
+  trims = []
+  monkeypatch.setattr(host_memory, "release_free_pages", lambda: trims.append(1) or True)
+  now = [100.0]
+  releaser = host_memory.FreePageReleaser(interval_s=30, clock=lambda: now[0])
+  assert releaser.maybe_release()  # The first record trims.
+  for now[0] in (101.0, 115.0, 129.9):  # Records within 30 s of it do not:
+    assert not releaser.maybe_release()  # a trim walks the heap (~13 ms).
+  now[0] = 130.0
+  assert releaser.maybe_release()
+  now[0] = 200.0
+  assert releaser.maybe_release() and not releaser.maybe_release()
+  assert len(trims) == releaser.releases == 3
+
+
+@pytest.mark.skipif(host_memory.find_jemalloc() is None,
+                    reason="jemalloc not installed (apt install libjemalloc2)")
+def test_the_releaser_does_nothing_under_jemalloc():
+  env = {k: v for k, v in os.environ.items() if k != "MAELM_JEMALLOC"}
+  env["LD_PRELOAD"] = host_memory.find_jemalloc()
+  out = subprocess.run([sys.executable, "-c", "from maelm_jax import host_memory; "
+                        "r = host_memory.FreePageReleaser(); print(r.maybe_release())"],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == "False"
