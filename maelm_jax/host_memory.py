@@ -5,9 +5,10 @@ Checkpoint saves (host copies of the train state on orbax's threads),
 evaluations and compilations free host buffers that glibc keeps in its arenas,
 between live blocks. `malloc_trim(0)` returns every free whole page, wherever
 it lies: a `tiny` run's resident memory is about a third lower with it
-(`benchmarks/soak.py`; `benchmarks/RESULTS.md`, "Hours of running"). A slow
-rise under glibc remains (gone with jemalloc preloaded, README "Long runs").
-Elsewhere (macOS, musl) there is no such call and this does nothing.
+(`benchmarks/soak.py`; `benchmarks/RESULTS.md`, "Hours of running"). Both
+loops call it through `FreePageReleaser` (RunSession.write): at a metrics
+record, at most once per 30 s, since each call walks the heap. Elsewhere
+(macOS, musl) there is no such call and this does nothing.
 
 Under glibc a run's memory still creeps up with every checkpoint save (~12 MB
 per 1,000 steps at the default cadence); with jemalloc preloaded it is flat.

@@ -83,6 +83,19 @@ def hold(workdir: str):
     yield
 
 
+@contextlib.contextmanager
+def closed_on_error(manager):
+  """Closes the checkpoint `manager` if the block raises. From its opening (for
+  the restore) until a RunSession owns it, a refused resume, a bad init_from or a
+  failed compilation would otherwise leave orbax's threads running, in a notebook
+  for as long as the kernel lives."""
+  try:
+    yield manager
+  except BaseException:
+    manager.close()
+    raise
+
+
 class RunSession:
   """A started run's files, writer and stop signal (see the module docstring)."""
 
@@ -100,7 +113,7 @@ class RunSession:
       self.watcher = preemption.PreemptionWatcher(manager)
     except BaseException:
       self.writer.close()
-      raise
+      raise  # The caller's closed_on_error closes the manager.
 
   def write(self, step: int, metrics: dict) -> None:
     """Records `metrics` of `step`; under glibc, freed host pages go back to the

@@ -419,25 +419,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   # sharded abstract state), else init_from, else fresh. config.json is written
   # only once the run is known to fit the workdir.
   manager = checkpoints.make_manager(workdir, config)
-  state, restored_step = checkpoints.restore_latest_good(
-      manager, abstract_state, train_iter, start_over=defaults.get(config, "start_over"))
-  if state is not None:
-    logging.info("resumed from %s at step %d", manager.directory, restored_step)
-  else:
-    state, _ = train_lib.create_sharded_state(model_cfg, config.seq_len, tx, mesh,
-                                              config.seed)
-    if config.init_from:
-      state = load_init_from(config, state, state_shardings)
-  train_step, eval_step = train_lib.jit_steps(model_cfg, config.seq_len, tx, mesh,
-                                              state_shardings,
-                                              config.grad_accum_steps)
-  eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
-  eval_baselines = evaluate_baselines(config, model_cfg, train_source, tokenizer,
-                                      eval_ds, mesh, eval_rng)
+  with run_session.closed_on_error(manager):  # Until the session owns it.
+    state, restored_step = checkpoints.restore_latest_good(
+        manager, abstract_state, train_iter, start_over=defaults.get(config, "start_over"))
+    if state is not None:
+      logging.info("resumed from %s at step %d", manager.directory, restored_step)
+    else:
+      state, _ = train_lib.create_sharded_state(model_cfg, config.seq_len, tx, mesh,
+                                                config.seed)
+      if config.init_from:
+        state = load_init_from(config, state, state_shardings)
+    train_step, eval_step = train_lib.jit_steps(model_cfg, config.seq_len, tx, mesh,
+                                                state_shardings,
+                                                config.grad_accum_steps)
+    eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
+    eval_baselines = evaluate_baselines(config, model_cfg, train_source, tokenizer,
+                                        eval_ds, mesh, eval_rng)
+    # config.json and metrics.jsonl as of the step it goes on from (run_session.py).
+    session = run_session.RunSession(workdir, config, manager, restored_step)
 
   # ------------------------------------------------------------- Train loop --
-  # config.json and metrics.jsonl as of the step it goes on from (run_session.py).
-  session = run_session.RunSession(workdir, config, manager, restored_step)
   schedule = train_lib.learning_rate_schedule(config)
   step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
   peak = flops.peak_flops(override=config.peak_flops_per_device or None)

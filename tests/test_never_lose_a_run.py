@@ -432,3 +432,36 @@ def test_full_disk_tracebacks_of_orbax_and_asyncio_are_left_to_the_one_line():
   assert quiet.filter(record("/x/lib/python3.11/asyncio/base_events.py",
                              "Task exception was never retrieved: KeyError"))
   assert quiet.filter(record("/x/maelm_jax/train.py", full))  # Our own: kept.
+
+
+def test_a_refused_resume_closes_the_checkpoint_manager(trained, tmp_path, monkeypatch):
+  """In a notebook the process lives on after an error: the manager opened for
+  the restore (orbax's threads) is closed when the resume is refused, not left
+  running beside the next try."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from maelm_jax import train  # pylint: disable=import-outside-toplevel
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  opened = []
+  real_make_manager = checkpoints.make_manager
+
+  def recording_make_manager(*args, **kwargs):
+    manager = real_make_manager(*args, **kwargs)
+    real_close = manager.close
+    manager.closes = 0
+
+    def close():
+      manager.closes += 1
+      real_close()
+    manager.close = close
+    opened.append(manager)
+    return manager
+
+  monkeypatch.setattr(checkpoints, "make_manager", recording_make_manager)
+  config = ml_collections.ConfigDict(workdir_lib.read_config(str(workdir)))
+  config.total_steps, config.allow_config_change = 20, True
+  config.model.num_layers = 3  # Does not fit the checkpoint: refused at restore.
+  with pytest.raises(Exception, match="does not fit this run's model"):
+    train.train_and_evaluate(config, str(workdir))
+  assert len(opened) == 1 and opened[0].closes == 1
+  assert snapshot(workdir) == before

@@ -323,26 +323,31 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   # the epoch order is a function of (seed, epoch) and dropout of (rng, step).
   # `progress` says where to go on from.
   manager = checkpoints.make_manager(workdir, config, item_names=("state", "progress"))
-  state, progress, restored_step = checkpoints.restore_newest_readable(
-      manager, abstract, "progress", ocp.args.JsonRestore,
-      "it was written by another fine-tuning setup", start_over=config.get(
-          "start_over", False))
-  if state is not None:
-    logging.info("resumed from %s at step %d (epoch %d)", manager.directory,
-                 restored_step, progress["epoch"])
-  else:  # A fresh start: the pretrained encoder and a new head.
-    checkpoints.read_pretrained_params(config.init_from, pretrained)
-    pretrain_model = pretrained.config.model
-    dropped = ("no decoder (MLM)" if pretrain_model.decoder_type == "none" else
-               f"{pretrain_model.objective} decoder ({pretrain_model.decoder_type}, "
-               f"{pretrain_model.decoder_layers} layers)")
-    logging.info("loaded encoder (token_embed, encoder) from step %d of %s; %s and "
-                 "LM head not loaded", pretrained.step, config.init_from, dropped)
-    state, _ = create_state(model, config.max_seq_len, pretrained.params, tx, mesh,
-                            config.seed)
-    pretrained.params = None  # The host copy is no longer needed.
-  progress = progress or {"epoch": 1, "batches_done": 0, "history": []}
+  with run_session.closed_on_error(manager):  # Until the session owns it.
+    state, progress, restored_step = checkpoints.restore_newest_readable(
+        manager, abstract, "progress", ocp.args.JsonRestore,
+        "it was written by another fine-tuning setup", start_over=config.get(
+            "start_over", False))
+    if state is not None:
+      logging.info("resumed from %s at step %d (epoch %d)", manager.directory,
+                   restored_step, progress["epoch"])
+    else:  # A fresh start: the pretrained encoder and a new head.
+      checkpoints.read_pretrained_params(config.init_from, pretrained)
+      pretrain_model = pretrained.config.model
+      dropped = ("no decoder (MLM)" if pretrain_model.decoder_type == "none" else
+                 f"{pretrain_model.objective} decoder ({pretrain_model.decoder_type}, "
+                 f"{pretrain_model.decoder_layers} layers)")
+      logging.info("loaded encoder (token_embed, encoder) from step %d of %s; %s and "
+                   "LM head not loaded", pretrained.step, config.init_from, dropped)
+      state, _ = create_state(model, config.max_seq_len, pretrained.params, tx, mesh,
+                              config.seed)
+      pretrained.params = None  # The host copy is no longer needed.
+    progress = progress or {"epoch": 1, "batches_done": 0, "history": []}
+    # config.json and metrics.jsonl as of the step it goes on from (run_session.py),
+    # once the checkpoints are known to fit (they were read, not touched).
+    session = run_session.RunSession(workdir, config, manager, restored_step)
 
+  # ------------------------------------------------------------- Train loop --
   def predict(input_ids):  # With the current `state` (rebound by the loop).
     return predict_all(predict_step, state.params, input_ids, config.eval_batch_size,
                        mesh)
@@ -353,10 +358,6 @@ def _run(config, workdir: str, problem, mesh) -> dict:
         progress=ocp.args.JsonSave({"epoch": epoch, "batches_done": batches_done,
                                     "history": history})), force=True)
 
-  # ------------------------------------------------------------- Train loop --
-  # config.json and metrics.jsonl as of the step it goes on from (run_session.py),
-  # once the checkpoints are known to fit (they were read, not touched).
-  session = run_session.RunSession(workdir, config, manager, restored_step)
   history, evaluation = list(progress["history"]), None
   stop = stopped = False  # A signal arrived / the run stops before its end.
   step = int(jax.device_get(state.step))
