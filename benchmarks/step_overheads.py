@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import os
 import pathlib
-import platform
 import statistics
 import sys
 import time

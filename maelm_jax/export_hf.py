@@ -131,7 +131,7 @@ def _flatten(prefix: str, tree: dict, out: dict) -> dict:
 def maelm_tensors(params, model_cfg, with_lm_head: bool) -> dict:
   """State dict of `modeling_maelm.MaelmModel` (or `MaelmForMaskedLM`)."""
   import numpy as np
-  from maelm_jax import model as model_lib, relative_position
+  from maelm_jax import relative_position
   enc = params["encoder"]
   tree = {"token_embed": {"weight": params["token_embed"]["embedding"]},
           "encoder": {"position_embed": {"weight": enc["position_embed"]["embedding"]}}}

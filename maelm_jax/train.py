@@ -311,7 +311,7 @@ def describe_launch(config, workdir: str) -> list[str]:
     except ValueError as error:
       state = f"REFUSED: {error}"
   return [
-      f"dry run: nothing trained, nothing written",
+      "dry run: nothing trained, nothing written",
       f"  model      {config.model.objective}/{config.model.size}: "
       f"{sum(sizes.values()) / 1e6:.2f}M parameters ({encoder / 1e6:.2f}M kept for "
       f"fine-tuning: token_embed + encoder); vocabulary {vocab} ({vocab_from})",
