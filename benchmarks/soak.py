@@ -75,7 +75,9 @@ def main() -> None:
   parser.add_argument("--vocab_size", type=int, default=2000)  # pydoc: holds ~4k.
   parser.add_argument("--checkpoint_every", type=int, default=100)
   parser.add_argument("--eval_every", type=int, default=500)
-  parser.add_argument("--plot", default=str(REPO / "docs" / "soak.png"))
+  parser.add_argument("--plot", default=None,
+                      help="The plot (PNG; the figures in the JSON beside it); default "
+                      "<workdir>/soak.png. An existing one is not overwritten.")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="Another config value, e.g. --set=model.scan_layers=True")
   parser.add_argument("--allocator", choices=("jemalloc", "glibc"), default="jemalloc",
@@ -110,7 +112,10 @@ def main() -> None:
              f"--config.tokenizer.vocab_size={args.vocab_size}",
              "--config.data.eval_fraction=0.05", "--config.eval_batches=4",
              *(f"--config.{kv}" for kv in args.set)]
-  plot = pathlib.Path(args.plot)
+  plot = pathlib.Path(args.plot or os.path.join(args.workdir, "soak.png"))
+  if plot.exists() or plot.with_suffix(".json").exists():
+    sys.exit(f"--plot={plot}: it or its JSON exists already (a soak's figures); "
+             "give another path")
   plot.parent.mkdir(parents=True, exist_ok=True)
   started = time.time()
   with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:

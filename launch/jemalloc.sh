@@ -1,5 +1,6 @@
 # Sourced by the launchers (local.sh, slurm_gpu.sbatch, and on each TPU worker
-# by tpu_pod.sh): preload jemalloc into the run where it is installed.
+# by tpu_pod.sh, whose login shell may be any POSIX sh: so plain sh here):
+# preload jemalloc into the run where it is installed.
 #
 # Under glibc's malloc a run's resident memory creeps up with every checkpoint
 # save (~12 MB per 1,000 steps of `tiny` at the default cadence: its arenas keep
@@ -15,29 +16,31 @@
 #                           sets jemalloc_ld_preload to $LD_PRELOAD with the
 #                           library in front (unless already there) and says so
 #                           on stderr as WHO; with `export`, also exports it as
-#                           LD_PRELOAD. Where it is not installed: says that and
-#                           how to install it, and jemalloc_ld_preload is empty.
-#                           Status 2 (after a message) if $MAELM_JEMALLOC names
-#                           no file.
+#                           LD_PRELOAD. Where it is not installed, or another
+#                           allocator (tcmalloc) is preloaded already, says so
+#                           and leaves LD_PRELOAD as it is. Status 2 (after a
+#                           message) if $MAELM_JEMALLOC names no file.
+#   jemalloc_remove WHO     for --no_jemalloc: sets jemalloc_ld_preload to
+#                           $LD_PRELOAD without any jemalloc (one inherited from
+#                           the shell, say) and says glibc's malloc is used.
 
-JEMALLOC_PATHS=(
+JEMALLOC_PATHS="
   /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
   /usr/lib/aarch64-linux-gnu/libjemalloc.so.2
   /usr/lib64/libjemalloc.so.2
   /usr/lib/libjemalloc.so.2
   /usr/local/lib/libjemalloc.so.2
-)
+"
 
 jemalloc_library() {
-  if [[ -n "${MAELM_JEMALLOC:-}" ]]; then
-    [[ -f "$MAELM_JEMALLOC" ]] || return 1
+  if [ -n "${MAELM_JEMALLOC:-}" ]; then
+    [ -f "$MAELM_JEMALLOC" ] || return 1
     echo "$MAELM_JEMALLOC"
     return 0
   fi
-  local path
-  for path in "${JEMALLOC_PATHS[@]}"; do
-    if [[ -f "$path" ]]; then
-      echo "$path"
+  for jemalloc_path in $JEMALLOC_PATHS; do
+    if [ -f "$jemalloc_path" ]; then
+      echo "$jemalloc_path"
       return 0
     fi
   done
@@ -45,22 +48,38 @@ jemalloc_library() {
 }
 
 jemalloc_preload() {
-  local who="$1" library
-  jemalloc_ld_preload=""
-  if ! library="$(jemalloc_library)"; then
-    if [[ -n "${MAELM_JEMALLOC:-}" ]]; then
-      echo "$who: MAELM_JEMALLOC=$MAELM_JEMALLOC is no file; point it at libjemalloc.so.2, or unset it (then the standard places are searched)" >&2
+  jemalloc_ld_preload="${LD_PRELOAD:-}"
+  if ! jemalloc_lib="$(jemalloc_library)"; then
+    if [ -n "${MAELM_JEMALLOC:-}" ]; then
+      echo "$1: MAELM_JEMALLOC=$MAELM_JEMALLOC is no file; point it at libjemalloc.so.2, or unset it (then the standard places are searched)" >&2
       return 2
     fi
-    echo "$who: jemalloc is not installed, so the run uses glibc's malloc, whose memory creeps up over hours of checkpointing; install it (apt install libjemalloc2) and the launcher preloads it" >&2
+    echo "$1: jemalloc is not installed, so the run uses glibc's malloc, whose memory creeps up over hours of checkpointing; install it (apt install libjemalloc2) and the launcher preloads it" >&2
     return 0
   fi
   case ":${LD_PRELOAD:-}:" in
-    *":$library:"*) jemalloc_ld_preload="$LD_PRELOAD" ;;
-    *) jemalloc_ld_preload="$library${LD_PRELOAD:+:$LD_PRELOAD}" ;;
+    *":$jemalloc_lib:"*) ;;
+    *tcmalloc*)
+      echo "$1: LD_PRELOAD holds another allocator ($LD_PRELOAD): kept, jemalloc not added" >&2
+      return 0 ;;
+    *) jemalloc_ld_preload="$jemalloc_lib${LD_PRELOAD:+:$LD_PRELOAD}" ;;
   esac
-  if [[ "${2:-}" == export ]]; then
+  if [ "${2:-}" = export ]; then
     export LD_PRELOAD="$jemalloc_ld_preload"
   fi
-  echo "$who: preloading jemalloc ($library) for flat host memory over long runs; --no_jemalloc for glibc's malloc" >&2
+  echo "$1: preloading jemalloc ($jemalloc_lib) for flat host memory over long runs; --no_jemalloc for glibc's malloc" >&2
+}
+
+jemalloc_remove() {
+  jemalloc_ld_preload=""
+  jemalloc_old_ifs="$IFS"
+  IFS=":"
+  for jemalloc_entry in ${LD_PRELOAD:-}; do
+    case "$jemalloc_entry" in
+      "" | *libjemalloc*) ;;
+      *) jemalloc_ld_preload="${jemalloc_ld_preload:+$jemalloc_ld_preload:}$jemalloc_entry" ;;
+    esac
+  done
+  IFS="$jemalloc_old_ifs"
+  echo "$1: --no_jemalloc: glibc's malloc" >&2
 }

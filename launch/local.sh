@@ -90,7 +90,7 @@ jemalloc_ld_preload=""
 if ((use_jemalloc)); then
   jemalloc_preload local.sh || exit 2
 else
-  echo "local.sh: --no_jemalloc: glibc's malloc" >&2
+  jemalloc_remove local.sh  # Also one inherited from this shell's LD_PRELOAD.
 fi
 
 if [[ -n "${PYTHON:-}" ]]; then
@@ -140,7 +140,7 @@ build() {
     env_of+=("MAELM_LOCAL_DEVICE_IDS=$(seq -s, "$first" $((first + devices_per_process - 1)))")
   fi
   env_of+=("PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}")
-  if [[ -n "$jemalloc_ld_preload" ]]; then
+  if [[ -n "$jemalloc_ld_preload" || -n "${LD_PRELOAD:-}" ]]; then
     env_of+=("LD_PRELOAD=$jemalloc_ld_preload")
   fi
   cmd_of=("$py" -m maelm_jax.main "${main_args[@]}")

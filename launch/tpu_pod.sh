@@ -115,7 +115,10 @@ quote() {  # Shell-quoted words, space-separated.
 args_q="$(quote "${main_args[@]}")"
 run_cmd="cd ~/$REMOTE_DIR && "
 if ((use_jemalloc)); then
-  run_cmd+=". launch/jemalloc.sh && jemalloc_preload \"tpu_pod.sh on \$(hostname)\" export && "
+  # A code copy from before launch/jemalloc.sh existed (a relaunch with --skip_copy)
+  # runs on, under glibc's malloc, saying so.
+  run_cmd+='{ if [ -f launch/jemalloc.sh ]; then . launch/jemalloc.sh && jemalloc_preload "tpu_pod.sh on $(hostname)" export || exit 2; '
+  run_cmd+='else echo "tpu_pod.sh on $(hostname): launch/jemalloc.sh is not in this code copy (relaunch without --skip_copy): glibc'"'"'s malloc" >&2; fi; } && '
 fi
 run_cmd+="MAELM_DISTRIBUTED=tpu"
 if ((detach)); then

@@ -41,18 +41,45 @@ def find_jemalloc() -> str | None:
 
 
 def allocator() -> str:
-  """The C allocator this process runs on: 'jemalloc' or 'tcmalloc' when one is
-  loaded (preloaded, as the launchers do), else 'glibc' where glibc's
-  `malloc_trim` exists, else 'system' (macOS, musl)."""
+  """The C allocator this process's `malloc` comes from: 'jemalloc' or 'tcmalloc'
+  (preloaded, as the launchers do), 'glibc', 'system' where that cannot be told
+  (macOS, musl), else the library's file name."""
+  library = _malloc_library()
+  if library is None:  # No dladdr: whatever allocator library is mapped in.
+    try:
+      with open("/proc/self/maps") as f:
+        maps = f.read()
+    except OSError:
+      maps = ""
+    library = next((name for name in ("libjemalloc", "libtcmalloc") if f"/{name}" in maps),
+                   "libc.so" if _MALLOC_TRIM is not None else "")
+  name = os.path.basename(library)
+  for known in ("jemalloc", "tcmalloc"):
+    if known in name:
+      return known
+  if name.startswith("libc.so") or name.startswith("libc-"):
+    return "glibc" if _MALLOC_TRIM is not None else "system"
+  return name or "system"
+
+
+class _DlInfo(ctypes.Structure):
+  _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+              ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _malloc_library() -> str | None:
+  """The file of the library that `malloc` resolves to here (dladdr), so that a
+  jemalloc some package merely loads is not taken for the allocator."""
   try:
-    with open("/proc/self/maps") as f:
-      maps = f.read()
-  except OSError:
-    maps = ""
-  for name in ("jemalloc", "tcmalloc"):
-    if f"/lib{name}" in maps:  # A mapped libjemalloc.so.2, libtcmalloc_minimal.so.4...
-      return name
-  return "glibc" if _MALLOC_TRIM is not None else "system"
+    process = ctypes.CDLL(None)
+    dladdr, malloc = process.dladdr, process.malloc
+  except (OSError, AttributeError):
+    return None
+  dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+  info = _DlInfo()
+  if not dladdr(ctypes.cast(malloc, ctypes.c_void_p), ctypes.byref(info)):
+    return None
+  return info.dli_fname.decode(errors="replace") if info.dli_fname else None
 
 
 def _find_malloc_trim():
@@ -76,7 +103,7 @@ def release_free_pages() -> bool:
 class FreePageReleaser:
   """`release_free_pages`, at most once per `interval_s`, and only under glibc.
 
-  A trim walks the heap: ~13 ms for a `tiny` run's (2-core VM, measured in a run
+  A trim walks the heap: ~19 ms for a `tiny` run's (2-core VM, measured in a run
   logging every step), next to a 120 ms CPU step or a 5 ms GPU step, so at every
   metrics record it would cost a run with a small `log_every` several percent. Once
   per 30 s keeps what it hands back (freed pages wait for the next trim) at a bounded

@@ -92,7 +92,12 @@ def closed_on_error(manager):
   try:
     yield manager
   except BaseException:
-    manager.close()
+    try:
+      manager.close()
+    except Exception as close_error:  # pylint: disable=broad-except
+      # The run's own error is the one to see; this one only in the log.
+      logging.warning("closing the checkpoint manager after the error failed: %s",
+                      close_error)
     raise
 
 

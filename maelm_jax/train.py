@@ -439,23 +439,23 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     session = run_session.RunSession(workdir, config, manager, restored_step)
 
   # ------------------------------------------------------------- Train loop --
-  schedule = train_lib.learning_rate_schedule(config)
-  step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
-  peak = flops.peak_flops(override=config.peak_flops_per_device or None)
-  tokens_per_step = config.batch_size * config.seq_len
-  start_step = int(jax.device_get(state.step))
-  nonfinite_seen = int(jax.device_get(state.nonfinite_count))
-  timer_start, timed_steps, last, in_flight = None, 0, {}, None
-  if start_step >= config.total_steps:
-    # Nothing left to train (the same command run again, or total_steps not
-    # raised): say so, and report the run's last logged metrics.
-    logging.info("this run already finished at step %d (total_steps=%d); raise "
-                 "--config.total_steps to train on", start_step, config.total_steps)
-    last = last_logged_metrics(workdir, start_step)
-  else:
-    logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
-                 config.total_steps, step_flops)
   try:
+    schedule = train_lib.learning_rate_schedule(config)
+    step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+    peak = flops.peak_flops(override=config.peak_flops_per_device or None)
+    tokens_per_step = config.batch_size * config.seq_len
+    start_step = int(jax.device_get(state.step))
+    nonfinite_seen = int(jax.device_get(state.nonfinite_count))
+    timer_start, timed_steps, last, in_flight = None, 0, {}, None
+    if start_step >= config.total_steps:
+      # Nothing left to train (the same command run again, or total_steps not
+      # raised): say so, and report the run's last logged metrics.
+      logging.info("this run already finished at step %d (total_steps=%d); raise "
+                   "--config.total_steps to train on", start_step, config.total_steps)
+      last = last_logged_metrics(workdir, start_step)
+    else:
+      logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
+                   config.total_steps, step_flops)
     for step in range(start_step + 1, config.total_steps + 1):
       batch = sharding.global_batch(mesh, next(train_iter))
       if timer_start is None:

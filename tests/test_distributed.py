@@ -258,7 +258,7 @@ MAIN_ARGS = ["--config=configs/pretrain.py:objective=maelm,size=tiny",
 
 def run_script(args, env=None, **kwargs):
   full_env = {k: v for k, v in os.environ.items()
-              if not k.startswith(("MAELM_", "SLURM_", "DRY_RUN"))}
+              if not k.startswith(("MAELM_", "SLURM_", "DRY_RUN")) and k != "LD_PRELOAD"}
   full_env.update(env or {})
   return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True,
                         env=full_env, timeout=60, **kwargs)
@@ -427,12 +427,28 @@ def test_local_no_jemalloc_and_a_wrong_library_path(fake_jemalloc):
   assert out.returncode == 0, out.stderr
   assert "LD_PRELOAD" not in split_env(commands(out.stdout)[0])[0]
   assert "--no_jemalloc: glibc's malloc" in out.stderr
+  # A jemalloc this shell preloads already is taken out, other preloads kept.
+  out = run_script([LOCAL_SH, "--num_processes=1", "--devices_per_process=4", "--port=1234",
+                    "--no_jemalloc", "--dry_run", "--", "--workdir=/w"],
+                   env={"LD_PRELOAD": f"{fake_jemalloc}:/opt/other.so"})
+  assert split_env(commands(out.stdout)[0])[0]["LD_PRELOAD"] == "/opt/other.so"
   # A library named by hand that is not there stops the launch, before anything runs.
   out = run_script([LOCAL_SH, "--num_processes=1", "--devices_per_process=4", "--port=1234",
                     "--dry_run", "--", "--workdir=/w"],
                    env={"MAELM_JEMALLOC": fake_jemalloc + ".missing"})
   assert out.returncode == 2 and out.stdout == ""
   assert f"MAELM_JEMALLOC={fake_jemalloc}.missing is no file" in out.stderr
+
+
+def test_another_preloaded_allocator_is_kept(fake_jemalloc):
+  out = run_script([LOCAL_SH, "--num_processes=1", "--devices_per_process=4", "--port=1234",
+                    "--dry_run", "--", "--workdir=/w"],
+                   env={"MAELM_JEMALLOC": fake_jemalloc,
+                        "LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"})
+  assert out.returncode == 0, out.stderr
+  env = split_env(commands(out.stdout)[0])[0]
+  assert env["LD_PRELOAD"] == "/usr/lib/libtcmalloc_minimal.so.4"  # Not two allocators.
+  assert "holds another allocator" in out.stderr
 
 
 def test_slurm_preloads_jemalloc_into_the_tasks(fake_jemalloc):
@@ -454,17 +470,26 @@ def test_tpu_pod_installs_and_preloads_jemalloc_on_each_worker(fake_jemalloc, tm
   install, run = (w[-1][len("--command="):] for w in commands(out.stdout))
   assert "apt-get -qq install -y libjemalloc2" in install
   assert "jemalloc_preload" in run
-  # The remote run command's preamble, executed here in a copy of the repository's
-  # layout (the code copy on a worker): it exports LD_PRELOAD for the run.
+  # The remote run command's preamble, executed here by a POSIX sh (a worker's
+  # login shell need not be bash) in a copy of the repository's layout: it
+  # exports LD_PRELOAD for the run.
+  preamble = run[run.index("{ if [ -f launch/jemalloc.sh ]"):run.index("MAELM_DISTRIBUTED=tpu")]
   worker = tmp_path / "worker"
   (worker / "launch").mkdir(parents=True)
   (worker / "launch" / "jemalloc.sh").write_text((REPO / "launch" / "jemalloc.sh").read_text())
-  preamble = run[run.index(". launch/jemalloc.sh"):run.index("MAELM_DISTRIBUTED=tpu")]
-  shown = run_script(["-c", preamble + 'echo "LD_PRELOAD=$LD_PRELOAD"'], cwd=worker,
-                     env={"MAELM_JEMALLOC": fake_jemalloc})
+  script = preamble + 'echo "LD_PRELOAD=${LD_PRELOAD:-}"'
+  env = {k: v for k, v in os.environ.items() if not k.startswith("MAELM_") and k != "LD_PRELOAD"}
+  shown = subprocess.run(["sh", "-c", script], cwd=worker, capture_output=True, text=True,
+                         env={**env, "MAELM_JEMALLOC": fake_jemalloc}, timeout=60)
   assert shown.returncode == 0, shown.stderr
   assert shown.stdout.strip() == f"LD_PRELOAD={fake_jemalloc}"
   assert "tpu_pod.sh on " in shown.stderr and "preloading jemalloc" in shown.stderr
+  # A code copy from before the helper (a relaunch with --skip_copy) still runs.
+  (worker / "launch" / "jemalloc.sh").unlink()
+  shown = subprocess.run(["sh", "-c", script], cwd=worker, capture_output=True, text=True,
+                         env=env, timeout=60)
+  assert shown.returncode == 0 and shown.stdout.strip() == "LD_PRELOAD="
+  assert "not in this code copy" in shown.stderr
   out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_copy", "--no_jemalloc",
                     "--dry_run", "--", "--workdir=/w"])
   assert "jemalloc" not in out.stdout
@@ -474,8 +499,8 @@ def test_the_launchers_search_where_host_memory_does():
   """launch/jemalloc.sh and maelm_jax/host_memory.py list the same places."""
   from maelm_jax import host_memory  # pylint: disable=import-outside-toplevel
   text = (REPO / "launch" / "jemalloc.sh").read_text()
-  block = text[text.index("JEMALLOC_PATHS=(") + len("JEMALLOC_PATHS=("):]
-  shell_paths = tuple(block[:block.index(")")].split())
+  block = text[text.index('JEMALLOC_PATHS="') + len('JEMALLOC_PATHS="'):]
+  shell_paths = tuple(block[:block.index('"')].split())
   assert shell_paths == host_memory.JEMALLOC_PATHS
 
 

@@ -19,8 +19,8 @@ def _rss_mb() -> float:
     return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
-@pytest.mark.skipif(host_memory._MALLOC_TRIM is None,
-                    reason="no malloc_trim in this C library (not glibc)")
+@pytest.mark.skipif(host_memory.allocator() != "glibc",
+                    reason="malloc is not glibc's here (no malloc_trim, or preloaded)")
 def test_free_pages_between_live_blocks_go_back_to_the_os():
   libc = ctypes.CDLL(None)
   libc.malloc.restype = ctypes.c_void_p
@@ -72,21 +72,31 @@ def test_find_jemalloc_takes_the_named_library_or_none(tmp_path, monkeypatch):
   assert host_memory.find_jemalloc() is None  # Named but absent: not another one.
 
 
-@pytest.mark.skipif(host_memory._MALLOC_TRIM is None or host_memory.allocator() != "glibc",
-                    reason="not glibc's malloc")
+@pytest.mark.skipif(host_memory._MALLOC_TRIM is None, reason="no malloc_trim (not glibc)")
 def test_the_releaser_trims_at_most_once_per_interval(monkeypatch):
   trims = []
   monkeypatch.setattr(host_memory, "release_free_pages", lambda: trims.append(1) or True)
+  monkeypatch.setattr(host_memory, "allocator", lambda: "glibc")
   now = [100.0]
   releaser = host_memory.FreePageReleaser(interval_s=30, clock=lambda: now[0])
   assert releaser.maybe_release()  # The first record trims.
   for now[0] in (101.0, 115.0, 129.9):  # Records within 30 s of it do not:
-    assert not releaser.maybe_release()  # a trim walks the heap (~13 ms).
+    assert not releaser.maybe_release()  # a trim walks the heap (~19 ms).
   now[0] = 130.0
   assert releaser.maybe_release()
   now[0] = 200.0
   assert releaser.maybe_release() and not releaser.maybe_release()
   assert len(trims) == releaser.releases == 3
+
+
+def test_the_releaser_does_nothing_under_another_allocator(monkeypatch):
+  trims = []
+  monkeypatch.setattr(host_memory, "release_free_pages", lambda: trims.append(1) or True)
+  for name in ("jemalloc", "tcmalloc", "system"):
+    monkeypatch.setattr(host_memory, "allocator", lambda name=name: name)
+    releaser = host_memory.FreePageReleaser(interval_s=0)
+    assert not releaser.maybe_release() and not releaser.maybe_release()
+  assert trims == []
 
 
 @pytest.mark.skipif(host_memory.find_jemalloc() is None,

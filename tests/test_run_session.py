@@ -142,3 +142,30 @@ def test_session_after_a_crash_mid_write(tmp_path, loop):
     assert not s.stop_requested(21)
   assert manager.calls == ["wait", "close"]
   assert signal.getsignal(signal.SIGINT) == previous
+
+
+class _Manager:
+  def __init__(self, close_error=None):
+    self.closes, self.close_error = 0, close_error
+
+  def close(self):
+    self.closes += 1
+    if self.close_error:
+      raise self.close_error
+
+
+def test_closed_on_error_closes_only_on_error_and_keeps_the_run_error():
+  manager = _Manager()
+  with run_session.closed_on_error(manager):
+    pass
+  assert manager.closes == 0  # The session owns it from here and closes it.
+  with pytest.raises(ValueError, match="does not fit"):
+    with run_session.closed_on_error(manager):
+      raise ValueError("does not fit this run's model")
+  assert manager.closes == 1
+  # A manager that fails to close (a full disk) does not hide the run's error.
+  failing = _Manager(close_error=OSError("No space left on device"))
+  with pytest.raises(KeyboardInterrupt):
+    with run_session.closed_on_error(failing):
+      raise KeyboardInterrupt
+  assert failing.closes == 1

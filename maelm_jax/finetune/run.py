@@ -358,11 +358,11 @@ def _run(config, workdir: str, problem, mesh) -> dict:
         progress=ocp.args.JsonSave({"epoch": epoch, "batches_done": batches_done,
                                     "history": history})), force=True)
 
-  history, evaluation = list(progress["history"]), None
-  stop = stopped = False  # A signal arrived / the run stops before its end.
-  step = int(jax.device_get(state.step))
-  timer, timed_examples, compiled = time.perf_counter(), 0, False
   try:
+    history, evaluation = list(progress["history"]), None
+    stop = stopped = False  # A signal arrived / the run stops before its end.
+    step = int(jax.device_get(state.step))
+    timer, timed_examples, compiled = time.perf_counter(), 0, False
     for epoch in range(progress["epoch"], config.num_epochs + 1):
       order = np.random.default_rng([config.seed, epoch]).permutation(num_train)
       first = progress["batches_done"] if epoch == progress["epoch"] else 0
