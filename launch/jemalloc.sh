@@ -23,6 +23,10 @@
 #   jemalloc_remove WHO     for --no_jemalloc: sets jemalloc_ld_preload to
 #                           $LD_PRELOAD without any jemalloc (one inherited from
 #                           the shell, say) and says glibc's malloc is used.
+#   jemalloc_choose WHO USE jemalloc_preload WHO if USE is 1, else jemalloc_remove
+#                           WHO; then sets jemalloc_env to the assignment a run's
+#                           environment takes (LD_PRELOAD=...), empty where
+#                           LD_PRELOAD stays unset. The launchers' one call.
 
 JEMALLOC_PATHS="
   /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
@@ -82,4 +86,16 @@ jemalloc_remove() {
   done
   IFS="$jemalloc_old_ifs"
   echo "$1: --no_jemalloc: glibc's malloc" >&2
+}
+
+jemalloc_choose() {
+  if [ "$2" = 1 ]; then
+    jemalloc_preload "$1" || return 2
+  else
+    jemalloc_remove "$1"
+  fi
+  jemalloc_env=""
+  if [ -n "$jemalloc_ld_preload" ] || [ -n "${LD_PRELOAD:-}" ]; then
+    jemalloc_env="LD_PRELOAD=$jemalloc_ld_preload"
+  fi
 }

@@ -86,12 +86,7 @@ fi
 
 # shellcheck source=launch/jemalloc.sh
 source "$REPO/launch/jemalloc.sh"
-jemalloc_ld_preload=""
-if ((use_jemalloc)); then
-  jemalloc_preload local.sh || exit 2
-else
-  jemalloc_remove local.sh  # Also one inherited from this shell's LD_PRELOAD.
-fi
+jemalloc_choose local.sh "$use_jemalloc" || exit 2
 
 if [[ -n "${PYTHON:-}" ]]; then
   py="$PYTHON"
@@ -140,8 +135,8 @@ build() {
     env_of+=("MAELM_LOCAL_DEVICE_IDS=$(seq -s, "$first" $((first + devices_per_process - 1)))")
   fi
   env_of+=("PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}")
-  if [[ -n "$jemalloc_ld_preload" || -n "${LD_PRELOAD:-}" ]]; then
-    env_of+=("LD_PRELOAD=$jemalloc_ld_preload")
+  if [[ -n "$jemalloc_env" ]]; then
+    env_of+=("$jemalloc_env")
   fi
   cmd_of=("$py" -m maelm_jax.main "${main_args[@]}")
 }

@@ -41,25 +41,19 @@ def find_jemalloc() -> str | None:
 
 
 def allocator() -> str:
-  """The C allocator this process's `malloc` comes from: 'jemalloc' or 'tcmalloc'
-  (preloaded, as the launchers do), 'glibc', 'system' where that cannot be told
-  (macOS, musl), else the library's file name."""
+  """The C allocator this process's `malloc` comes from (dladdr): 'jemalloc' or
+  'tcmalloc' (preloaded, as the launchers do), 'glibc', 'system' where that cannot
+  be told (macOS, musl), else the library's file name."""
   library = _malloc_library()
-  if library is None:  # No dladdr: whatever allocator library is mapped in.
-    try:
-      with open("/proc/self/maps") as f:
-        maps = f.read()
-    except OSError:
-      maps = ""
-    library = next((name for name in ("libjemalloc", "libtcmalloc") if f"/{name}" in maps),
-                   "libc.so" if _MALLOC_TRIM is not None else "")
+  if library is None:  # No dladdr to ask.
+    return "glibc" if _MALLOC_TRIM is not None else "system"
   name = os.path.basename(library)
   for known in ("jemalloc", "tcmalloc"):
     if known in name:
       return known
   if name.startswith("libc.so") or name.startswith("libc-"):
     return "glibc" if _MALLOC_TRIM is not None else "system"
-  return name or "system"
+  return name
 
 
 class _DlInfo(ctypes.Structure):

@@ -42,14 +42,18 @@ def test_free_pages_between_live_blocks_go_back_to_the_os():
   assert released > 40, f"only {released:.0f} MB of 64 MB of holes went back"
 
 
-def _allocator_of_a_fresh_python(env_extra: dict) -> str:
+def _print_in_a_fresh_python(expression: str, env_extra: dict) -> str:
   env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MAELM_JEMALLOC")}
   env.update(env_extra)
   out = subprocess.run([sys.executable, "-c", "from maelm_jax import host_memory; "
-                        "print(host_memory.allocator())"], capture_output=True, text=True,
+                        f"print({expression})"], capture_output=True, text=True,
                        env=env, cwd=REPO, timeout=120)
   assert out.returncode == 0, out.stderr
   return out.stdout.strip()
+
+
+def _allocator_of_a_fresh_python(env_extra: dict) -> str:
+  return _print_in_a_fresh_python("host_memory.allocator()", env_extra)
 
 
 @pytest.mark.skipif(host_memory._MALLOC_TRIM is None, reason="not glibc")
@@ -102,10 +106,6 @@ def test_the_releaser_does_nothing_under_another_allocator(monkeypatch):
 @pytest.mark.skipif(host_memory.find_jemalloc() is None,
                     reason="jemalloc not installed (apt install libjemalloc2)")
 def test_the_releaser_does_nothing_under_jemalloc():
-  env = {k: v for k, v in os.environ.items() if k != "MAELM_JEMALLOC"}
-  env["LD_PRELOAD"] = host_memory.find_jemalloc()
-  out = subprocess.run([sys.executable, "-c", "from maelm_jax import host_memory; "
-                        "r = host_memory.FreePageReleaser(); print(r.maybe_release())"],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-  assert out.returncode == 0, out.stderr
-  assert out.stdout.strip() == "False"
+  released = _print_in_a_fresh_python("host_memory.FreePageReleaser().maybe_release()",
+                                      {"LD_PRELOAD": host_memory.find_jemalloc()})
+  assert released == "False"
