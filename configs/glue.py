@@ -75,7 +75,7 @@ def get_config(arg=None):
   config.attention_dropout = 0.1
   config.activation_dropout = 0.0  # After the FFN's GELU (none in RoBERTa).
   # 'auto': the platform's flash-attention kernel where it applies (cuDNN on GPU in
-  # bf16, Pallas on TPU at lengths that are multiples of 128; at eval only while
+  # bf16, Pallas on TPU, any length padded to its blocks; at eval only while
   # attention dropout is on), the einsum elsewhere (attention.ATTENTION_IMPLS).
   config.attention_impl = "auto"
   config.dtype = ""  # Matmul dtype; "": the pretrained model's (bfloat16/float32).

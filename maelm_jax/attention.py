@@ -23,7 +23,7 @@ from maelm_jax import sharding
 # reference, with attention dropout; 'cudnn' cuDNN's fused flash attention through
 # `jax.nn.dot_product_attention` (CUDA GPU, bf16, no attention dropout); 'tpu_flash'
 # the Pallas TPU flash-attention kernel (`jax.experimental.pallas.ops.tpu`; TPU, no
-# attention dropout, lengths multiples of 128). Both kernels take the padding mask
+# attention dropout; lengths padded up to its 128-wide blocks). Both kernels take the padding mask
 # and the relative position bias as one additive bias, whose gradient they return,
 # so the bias table trains. 'auto': the platform's kernel where it applies, xla
 # elsewhere.
@@ -32,8 +32,13 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tpu_flash")
 # TPU interpreter (`pltpu.force_tpu_interpret_mode()`); never set in runs.
 TPU_FLASH_OFF_TPU = False
 # The mesh the kernels are partitioned over (`kernel_mesh`; a custom kernel is
-# opaque to XLA's partitioner, so it runs per shard under `jax.shard_map`).
+# opaque to XLA's partitioner, so it runs per shard under `jax.shard_map`). Its
+# devices are also the platform the kernel rules are decided for
+# (`target_platform`): a step compiled on a CPU host for TPU chips (plan.py) is
+# decided for the TPU.
 _KERNEL_MESH = contextvars.ContextVar("kernel_mesh", default=None)
+# While `recording_choices` is active: each attention call site's decision.
+_CHOICES = contextvars.ContextVar("attention_choices", default=None)
 
 
 @contextlib.contextmanager
@@ -44,6 +49,46 @@ def kernel_mesh(mesh):
     yield
   finally:
     _KERNEL_MESH.reset(token)
+
+
+def target_platform() -> str:
+  """'tpu', 'gpu' or 'cpu': the platform of the devices the traced step is
+  compiled for (the kernel mesh's), else this host's default backend."""
+  mesh = _KERNEL_MESH.get()
+  if mesh is not None:
+    platform = mesh.devices.flat[0].platform
+    return "gpu" if platform in ("cuda", "rocm") else platform
+  return jax.default_backend()
+
+
+@contextlib.contextmanager
+def recording_choices():
+  """Collects, while a step is traced, what each attention call site resolved
+  to: a list of {site, implementation, q_len, kv_len} (`site_of`), one per
+  traced call (a scanned stack traces its layer once)."""
+  choices = []
+  token = _CHOICES.set(choices)
+  try:
+    yield choices
+  finally:
+    _CHOICES.reset(token)
+
+
+def site_of(module_path: tuple[str, ...]) -> str:
+  """'encoder', 'decoder' or 'cross': the call site a module path is in
+  (('decoder', 'layer_0', 'cross_attn') -> 'cross'; a fine-tuning model's
+  ('backbone', 'encoder', ...) -> 'encoder')."""
+  if any(name.startswith("cross_attn") for name in module_path):
+    return "cross"
+  return "decoder" if "decoder" in module_path else "encoder"
+
+
+def record_choice(module_path, implementation: str, q_len: int, kv_len: int) -> None:
+  choices = _CHOICES.get()
+  if choices is not None:
+    choices.append({"site": site_of(tuple(module_path)),
+                    "implementation": implementation,
+                    "q_len": int(q_len), "kv_len": int(kv_len)})
 
 
 def resolve(impl: str, *, dtype, head_dim: int, dropout_active: bool,
@@ -73,8 +118,8 @@ def cudnn_unmet(dtype, head_dim: int, dropout_active: bool, q_len: int,
   query and key lengths (MAE-LM's encoder length L - K and the cross decoder's K
   can be odd: those layers use the einsum)."""
   why = []
-  if jax.default_backend() != "gpu":
-    why.append(f"a CUDA GPU (this is {jax.default_backend()})")
+  if target_platform() != "gpu":
+    why.append(f"a CUDA GPU (this is {target_platform()})")
   if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
     why.append(f"bfloat16 (model.dtype is {jnp.dtype(dtype).name})")
   if dropout_active:
@@ -87,17 +132,16 @@ def cudnn_unmet(dtype, head_dim: int, dropout_active: bool, q_len: int,
 
 
 def tpu_flash_unmet(dropout_active: bool, q_len: int, kv_len: int) -> list[str]:
-  """The Pallas TPU kernel's: a TPU, no attention dropout, and query and key
-  lengths that are multiples of its 128-wide blocks (MAE-LM's encoder length
-  L - K rarely is: those layers use the einsum)."""
+  """The Pallas TPU kernel's: a TPU and no attention dropout. Any lengths: those
+  that are not multiples of its 128-wide blocks (MAE-LM's encoder length L - K,
+  the cross decoder's K) are padded with keys nobody attends to
+  (`tpu_flash_attention`)."""
+  del q_len, kv_len
   why = []
-  if jax.default_backend() != "tpu" and not TPU_FLASH_OFF_TPU:
-    why.append(f"a TPU (this is {jax.default_backend()})")
+  if target_platform() != "tpu" and not TPU_FLASH_OFF_TPU:
+    why.append(f"a TPU (this is {target_platform()})")
   if dropout_active:
     why.append("no attention dropout (set attention_dropout=0)")
-  if q_len % 128 or kv_len % 128:
-    why.append(f"sequence lengths that are multiples of 128 (queries {q_len}, "
-               f"keys {kv_len})")
   return why
 
 
@@ -134,6 +178,18 @@ def fused_attention(q, k, v, bias, implementation: str):
                                       implementation=implementation)
 
 
+TPU_BLOCK = 128  # The kernel's lengths are multiples of its 128-wide blocks.
+# The bias of padded keys: far below the model's own mask value (model.NEG_INF,
+# -1e9), so that a row whose every real key is masked still spreads its weight
+# over its real keys, as the einsum does, and none over the padding.
+PADDED_KEY_BIAS = -1e12
+
+
+def padded_length(length: int) -> int:
+  """The length the TPU kernel runs at: `length` rounded up to its block."""
+  return -(-length // TPU_BLOCK) * TPU_BLOCK
+
+
 def _flash_block(length: int) -> int:
   return next(b for b in (512, 256, 128) if length % b == 0)
 
@@ -143,7 +199,10 @@ def tpu_flash_attention(q, k, v, bias):
   float32 bias [B|1, H|1, n, m], equal to the einsum path: the kernel adds its bias
   *before* scaling, softmax((q k + bias) * scale), so q is scaled first and the
   kernel's scale is 1. The bias is broadcast to [B, H, n, m] (the kernel tiles it
-  per batch row and head), as for cuDNN. Under `kernel_mesh` with more than one
+  per batch row and head), as for cuDNN. Lengths that are not multiples of 128
+  are padded up to one: padded keys get `PADDED_KEY_BIAS` (no query attends to
+  them), padded queries are computed and cut off, so the result and every
+  gradient are the unpadded attention's. Under `kernel_mesh` with more than one
   device the kernel runs per shard (batch over data x fsdp, heads over tensor)."""
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_kernel  # pylint: disable=g-import-not-at-top
   b, n, h, d = q.shape
@@ -152,7 +211,15 @@ def tpu_flash_attention(q, k, v, bias):
   q = heads_first((q * (1.0 / math.sqrt(d))).astype(q.dtype))
   k, v = heads_first(k), heads_first(v)
   bias = jnp.broadcast_to(bias, (b, h, n, m)).astype(jnp.float32)
-  bq, bk = _flash_block(n), _flash_block(m)
+  n_pad, m_pad = padded_length(n) - n, padded_length(m) - m
+  if n_pad or m_pad:
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, n_pad), (0, 0)))
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, m_pad), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, 0), (0, m_pad), (0, 0)))
+    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, n_pad), (0, 0)))
+    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, m_pad)),
+                   constant_values=PADDED_KEY_BIAS)
+  bq, bk = _flash_block(n + n_pad), _flash_block(m + m_pad)
   blocks = tpu_kernel.BlockSizes(
       block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
       block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
@@ -169,4 +236,4 @@ def tpu_flash_attention(q, k, v, bias):
       spec = jax.sharding.PartitionSpec(sharding.BATCH_AXES, "tensor")
       kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(spec,) * 4,
                              out_specs=spec, check_vma=False)
-  return heads_first(kernel(q, k, v, bias))
+  return heads_first(kernel(q, k, v, bias)[:, :, :n])

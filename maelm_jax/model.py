@@ -269,6 +269,7 @@ class Attention(nn.Module):
     q = _constrain(q, ("batch", "act_len", "act_heads", "act_kv"))
     dropout_active = self.dropout_rate > 0 and not self.deterministic
     backend = cfg.attention_backend(dropout_active, x_q.shape[1], x_kv.shape[1])
+    attention.record_choice(self.scope.path, backend, x_q.shape[1], x_kv.shape[1])
     if backend == "cudnn":
       out = attention.fused_attention(q, k, v, bias, implementation="cudnn")
     elif backend == "tpu_flash":
