@@ -27,7 +27,7 @@ import pretrain  # noqa: E402  (configs/pretrain.py)
 from maelm_jax import config_lib, flops, model as model_lib, pipeline, sources  # noqa: E402
 from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
 
-H100_BF16_PEAK = 989e12  # Dense bf16 FLOP/s (flops.PEAK_FLOPS).
+H100_BF16_PEAK = 989e12  # Dense bf16 FLOP/s (flops.CHIPS).
 
 
 def consumed_tokens_per_s(size: str, seq_len: int, vocab: int, peak: float,

@@ -80,7 +80,7 @@ def get_config(arg=None):
   # workdir's state: new, resumable at step N, or refused and why) and exit.
   config.dry_run = False
   config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'); one -1 is inferred.
-  config.peak_flops_per_device = 0.0  # 0: look up the device kind (flops.PEAK_FLOPS).
+  config.peak_flops_per_device = 0.0  # 0: look up the device kind (flops.CHIPS).
   config.init_from = ""
 
   config.data = ml_collections.ConfigDict()
