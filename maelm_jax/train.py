@@ -264,15 +264,16 @@ def load_init_from(config, state, state_shardings):
 # --------------------------------------------------------------------------
 # The loop.
 # --------------------------------------------------------------------------
-def describe_launch(config, workdir: str) -> list[str]:
-  """What a launch would do, decided without reading the corpus, compiling or
-  writing anything (`--config.dry_run=True`): model, masks, FLOPs, mesh, data,
-  and the workdir's state."""
-  mesh = sharding.make_mesh(config.mesh_shape)
-  check_batch_fits_mesh(config, mesh)
-  own = tokenizer_lib.workdir_tokenizer_path(workdir)
-  given = tokenizer_path_for(config, workdir) if os.path.isdir(workdir) else (
-      config.tokenizer.path or None)
+def planned_vocabulary(config, workdir: str | None) -> tuple[int, int, str]:
+  """(vocabulary size, [MASK] id, where they come from) of the tokenizer a
+  launch would use, without reading the corpus: the workdir's, else the one it
+  is told (tokenizer.path, init_from), else `tokenizer.vocab_size` of the one it
+  would train. Shared by the dry run and the planner (plan.py)."""
+  own = tokenizer_lib.workdir_tokenizer_path(workdir) if workdir else None
+  given = (tokenizer_path_for(config, workdir) if workdir and os.path.isdir(workdir)
+           else config.tokenizer.path or (
+               tokenizer_lib.workdir_tokenizer_path(config.init_from)
+               if config.init_from else None))
   for path in (own, given):
     if path and os.path.exists(path):
       staged = staged_tokenizer(path) if path == given else path
@@ -281,14 +282,19 @@ def describe_launch(config, workdir: str) -> list[str]:
       finally:
         if staged != path:
           os.unlink(staged)
-      vocab, mask_id, vocab_from = tokenizer.vocab_size, tokenizer.mask_id, path
-      break
-  else:
-    vocab, mask_id = config.tokenizer.vocab_size, 4
-    vocab_from = "to be trained into the workdir"
+      return tokenizer.vocab_size, tokenizer.mask_id, path
+  return config.tokenizer.vocab_size, 4, "to be trained into the workdir"
+
+
+def describe_launch(config, workdir: str) -> list[str]:
+  """What a launch would do, decided without reading the corpus, compiling or
+  writing anything (`--config.dry_run=True`): model, masks, FLOPs, mesh, data,
+  and the workdir's state."""
+  mesh = sharding.make_mesh(config.mesh_shape)
+  check_batch_fits_mesh(config, mesh)
+  vocab, mask_id, vocab_from = planned_vocabulary(config, workdir)
   model_cfg = pretraining_model_config(config, vocab, mask_id)
-  tx = train_lib.make_optimizer(config)
-  abstract, _ = train_lib.abstract_sharded_state(model_cfg, config.seq_len, tx, mesh)
+  abstract = train_lib.pretrain_program(config, model_cfg, mesh).abstract_state
   sizes = {k: sum(x.size for x in jax.tree.leaves(v))
            for k, v in abstract.params.items()}
   encoder = sum(sizes.get(k, 0) for k in ("token_embed", "encoder"))
@@ -407,9 +413,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
 
   # ------------------------------------------- Model, optimizer, sharded state --
   model_cfg = pretraining_model_config(config, tokenizer.vocab_size, tokenizer.mask_id)
-  tx = train_lib.make_optimizer(config)
-  abstract_state, state_shardings = train_lib.abstract_sharded_state(
-      model_cfg, config.seq_len, tx, mesh)
+  # The same builder as the planner's (plan.py): what it compiled is what runs.
+  program = train_lib.pretrain_program(config, model_cfg, mesh)
+  tx, abstract_state = program.tx, program.abstract_state
+  state_shardings = program.state_shardings
   num_params = sum(x.size for x in jax.tree.leaves(abstract_state.params))
   logging.info("model %s/%s: %.2fM parameters; %s", config.model.objective,
                config.model.size, num_params / 1e6, model_cfg.mask_counts(config.seq_len))
@@ -429,9 +436,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                                                 config.seed)
       if config.init_from:
         state = load_init_from(config, state, state_shardings)
-    train_step, eval_step = train_lib.jit_steps(model_cfg, config.seq_len, tx, mesh,
-                                                state_shardings,
-                                                config.grad_accum_steps)
+    train_step, eval_step = program.train_step, program.eval_step
     eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
     eval_baselines = evaluate_baselines(config, model_cfg, train_source, tokenizer,
                                         eval_ds, mesh, eval_rng)

@@ -6,8 +6,9 @@ piece on any mesh.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax
 import flax.linen as nn
@@ -401,3 +402,29 @@ def jit_steps(model_cfg, seq_len, tx, mesh, state_shardings, grad_accum_steps=1)
       in_shardings=(state_shardings.params, batch_shardings, replicated, replicated),
       out_shardings=replicated)
   return train_step, eval_step
+
+
+@dataclasses.dataclass
+class Program:
+  """What a run compiles, built by one function per kind of run
+  (`pretrain_program`, `finetune.run.finetune_program`) that the run and the
+  planner (plan.py) both call, so that the step a plan compiles for TPU chips is
+  the step the run trains with."""
+  tx: optax.GradientTransformation
+  abstract_state: Any  # ShapeDtypeStructs with shardings: nothing allocated.
+  state_shardings: Any
+  train_step: Callable  # jitted (state, batch) -> (state, metrics); state donated.
+  eval_step: Callable  # jitted; pretraining's eval step, fine-tuning's predict step.
+  batch: dict  # name -> ShapeDtypeStruct of one global training batch, sharded.
+
+
+def pretrain_program(config, model_cfg: ModelConfig, mesh) -> Program:
+  """The pretraining run's optimizer, sharded state layout and jitted steps."""
+  tx = make_optimizer(config)
+  abstract, shardings = abstract_sharded_state(model_cfg, config.seq_len, tx, mesh)
+  train_step, eval_step = jit_steps(model_cfg, config.seq_len, tx, mesh, shardings,
+                                    config.grad_accum_steps)
+  batch = {"input_ids": jax.ShapeDtypeStruct(
+      (config.batch_size, config.seq_len), jnp.int32,
+      sharding=sharding.batch_sharding(mesh))}
+  return Program(tx, abstract, shardings, train_step, eval_step, batch)

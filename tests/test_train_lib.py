@@ -181,6 +181,29 @@ def test_relative_updates_move_every_tensor_by_the_rate_times_its_norm(scan_laye
   np.testing.assert_allclose(np.abs(bias_update), 1e-2, rtol=1e-3)
 
 
+@pytest.mark.parametrize("relative", [False, True])
+def test_finetuning_configs_relative_updates_reach_the_optimizer(relative):
+  """configs/glue.py's `relative_updates` is LAMB in the fine-tuning run's
+  optimizer. (Until 2026-11-27 the fine-tuning loop dropped the key on its way to
+  `make_optimizer`, and every run took plain AdamW steps.)"""
+  import pathlib, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  from maelm_jax.finetune import run  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
+  import glue  # pylint: disable=g-import-not-at-top
+  config = glue.get_config("task=sst2")
+  config.unlock()
+  config.relative_updates, config.learning_rate = relative, 1e-2
+  config.warmup_ratio, config.weight_decay = 0.0, 0.0
+  tx = train_lib.make_optimizer(run.optimizer_config(config, total_steps=10))
+  params = {"w": jnp.full((4,), 5.0)}  # Norm 10.
+  grads = {"w": jnp.asarray([1.0, -2.0, 3.0, 0.5])}
+  update = np.asarray(tx.update(grads, tx.init(params), params)[0]["w"])
+  if relative:  # The rate is the relative change: 1e-2 of the norm.
+    np.testing.assert_allclose(np.linalg.norm(update), 1e-2 * 10.0, rtol=1e-4)
+  else:  # Adam's first step: the rate per coordinate.
+    np.testing.assert_allclose(np.abs(update), 1e-2, rtol=1e-3)
+
+
 def test_finetuning_runs_from_before_layer_decay_resume_as_they_ran():
   import pathlib, sys  # pylint: disable=g-import-not-at-top,multiple-imports
   from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top

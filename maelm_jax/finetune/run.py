@@ -194,6 +194,44 @@ def _check_backbone_shapes(expected, loaded) -> None:
 # ----------------------------------------------------------------- Steps --
 
 
+def finetune_model_config(config, pretrained_cfg):
+  """The pretrained encoder's ModelConfig as fine-tuning runs it: its own
+  dropout, attention kernel and (when set) matmul dtype."""
+  return dataclasses.replace(
+      pretrained_cfg, dropout=config.dropout,
+      attention_dropout=config.attention_dropout,
+      activation_dropout=defaults.get(config, "activation_dropout"),
+      attention_impl=defaults.get(config, "attention_impl"),
+      dtype=jnp.dtype(config.dtype) if config.dtype else pretrained_cfg.dtype)
+
+
+def optimizer_config(config, total_steps: int) -> ml_collections.ConfigDict:
+  """The keys `train_lib.make_optimizer` reads, from a fine-tuning config."""
+  return ml_collections.ConfigDict(dict(
+      learning_rate=config.learning_rate, total_steps=total_steps,
+      warmup_steps=round(config.warmup_ratio * total_steps),
+      end_learning_rate_ratio=config.end_learning_rate_ratio,
+      weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
+      adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps,
+      layer_decay=defaults.get(config, "layer_decay"),
+      relative_updates=defaults.get(config, "relative_updates")))
+
+
+def finetune_program(config, problem, model_cfg, total_steps: int,
+                     mesh) -> train_lib.Program:
+  """The fine-tuning run's optimizer, sharded state layout and jitted steps;
+  the planner (plan.py) builds the step it compiles with this same function."""
+  tx = train_lib.make_optimizer(optimizer_config(config, total_steps))
+  model = problem.make_model(model_cfg, deterministic=True)
+  abstract, state_shardings = abstract_state(model, config.max_seq_len, tx, mesh)
+  train_step, predict_step = make_steps(problem, model_cfg, tx, mesh, state_shardings)
+  rows = sharding.batch_sharding(mesh)
+  batch = {key: jax.ShapeDtypeStruct((config.batch_size,) + shape, dtype, sharding=rows)
+           for key, (shape, dtype) in problem.batch_spec().items()}
+  return train_lib.Program(tx, abstract, state_shardings, train_step, predict_step,
+                           batch)
+
+
 def make_steps(problem, model_cfg, tx, mesh, state_shardings):
   """jit-compiled train step (state donated) and predict step."""
   train_model = problem.make_model(model_cfg, deterministic=False)
@@ -217,7 +255,7 @@ def make_steps(problem, model_cfg, tx, mesh, state_shardings):
     return eval_model.apply({"params": params}, input_ids)
 
   rows = sharding.batch_sharding(mesh)
-  batch_shardings = {key: rows for key in problem.train}
+  batch_shardings = {key: rows for key in problem.batch_spec()}
   train_step = jax.jit(train_lib.with_kernel_mesh(train_step, mesh),
                        in_shardings=(state_shardings, batch_shardings),
                        out_shardings=(state_shardings, sharding.replicated(mesh)),
@@ -283,12 +321,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   pretrained = checkpoints.load_pretrained(
       config.init_from, encoder_only=True, read_params=False,
       step=None if config.init_step < 0 else config.init_step)
-  model_cfg = dataclasses.replace(
-      pretrained.model_cfg, dropout=config.dropout,
-      attention_dropout=config.attention_dropout,
-      activation_dropout=defaults.get(config, "activation_dropout"),
-      attention_impl=defaults.get(config, "attention_impl"),
-      dtype=jnp.dtype(config.dtype) if config.dtype else pretrained.model_cfg.dtype)
+  model_cfg = finetune_model_config(config, pretrained.model_cfg)
 
   # ------------------------------------------------------------------ Data --
   problem.load(pretrained.tokenizer)
@@ -298,23 +331,17 @@ def _run(config, workdir: str, problem, mesh) -> dict:
     raise ValueError(f"{num_train} training examples do not fill one batch of "
                      f"{config.batch_size}; lower --config.batch_size")
   total_steps = steps_per_epoch * config.num_epochs
-  optimizer_config = ml_collections.ConfigDict(dict(
-      learning_rate=config.learning_rate, total_steps=total_steps,
-      warmup_steps=round(config.warmup_ratio * total_steps),
-      end_learning_rate_ratio=config.end_learning_rate_ratio,
-      weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
-      adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps,
-      layer_decay=defaults.get(config, "layer_decay")))
 
   # ------------------------------------------- Model, optimizer, sharded state --
-  tx = train_lib.make_optimizer(optimizer_config)
-  schedule = train_lib.learning_rate_schedule(optimizer_config)
+  # The same builder as the planner's (plan.py): what it compiled is what runs.
+  program = finetune_program(config, problem, model_cfg, total_steps, mesh)
+  tx, abstract = program.tx, program.abstract_state
+  train_step, predict_step = program.train_step, program.eval_step
   model = problem.make_model(model_cfg, deterministic=True)
-  abstract, state_shardings = abstract_state(model, config.max_seq_len, tx, mesh)
-  train_step, predict_step = make_steps(problem, model_cfg, tx, mesh, state_shardings)
+  schedule = train_lib.learning_rate_schedule(optimizer_config(config, total_steps))
   logging.info("%d epochs x %d steps of %d examples (%d warm-up steps); mesh %s",
                config.num_epochs, steps_per_epoch, config.batch_size,
-               optimizer_config.warmup_steps, dict(mesh.shape))
+               round(config.warmup_ratio * total_steps), dict(mesh.shape))
 
   # ------------------------------------------------ Checkpoints and resume --
   # The pretraining mechanism (checkpoints.restore_newest_readable), restoring

@@ -39,10 +39,14 @@ class Evaluation:
 class GlueProblem:
   """A GLUE task: classification (or STS-B regression) on the first token."""
 
-  def __init__(self, config):
+  def __init__(self, config, check_data: bool = True):
+    """check_data=False: the model side only (the planner compiles the step
+    without reading data)."""
     self.config = config
     self.task = glue_data.get_task(config.task)
     self.main_metric = self.task.main_metric
+    if not check_data:
+      return
     self.data = glue_data.GlueData(self.task, config.data.source, config.data.dir,
                                    config.data.tfds_data_dir)
     self.data.check_files(test=config.data.predict_test)
@@ -76,6 +80,11 @@ class GlueProblem:
                              encode(examples)))
     logging.info("%s: %d train examples; dev %s", self.task.name, len(train),
                  {k: len(v) for k, v in self.dev_examples.items()})
+
+  def batch_spec(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """A training batch's arrays: name -> (shape after the batch axis, dtype)."""
+    label = np.float32 if self.task.is_regression else np.int32
+    return {"input_ids": ((self.config.max_seq_len,), np.int32), "label": ((), label)}
 
   def make_model(self, model_cfg, deterministic: bool) -> nn.Module:
     return heads.SequenceClassifier(model_cfg, self.task.num_outputs, deterministic,
@@ -135,12 +144,14 @@ class SquadProblem:
 
   main_metric = "f1"
 
-  def __init__(self, config):
+  def __init__(self, config, check_data: bool = True):
     self.config = config
     self.version = config.version
     if self.version not in squad_metrics.VERSIONS:
       raise ValueError(f"config.version={self.version!r}: use "
                        "configs/squad.py:version=1.1 or version=2.0")
+    if not check_data:
+      return
     if config.data.source not in ("json", "tfds"):
       raise ValueError(f"--config.data.source={config.data.source!r}: use 'json' "
                        "(data.train_file / data.eval_file) or 'tfds' (squad/v<version>)")
@@ -187,6 +198,11 @@ class SquadProblem:
     self.eval_sets = [EvalSet("squad", self.features.input_ids)]
     logging.info("SQuAD v%s: %d train windows; %d dev questions in %d windows",
                  self.version, len(train), len(self.examples), len(self.features))
+
+  def batch_spec(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """A training batch's arrays: name -> (shape after the batch axis, dtype)."""
+    return {"input_ids": ((self.config.max_seq_len,), np.int32),
+            "start_positions": ((), np.int32), "end_positions": ((), np.int32)}
 
   def make_model(self, model_cfg, deterministic: bool) -> nn.Module:
     return heads.SpanExtractor(model_cfg, deterministic)
