@@ -1,6 +1,8 @@
 """maelm-jax: MAE-LM, 3ML and MLM pretraining of text encoders in JAX/Flax."""
 from setuptools import find_packages, setup
 
+TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
+
 setup(
     name="maelm_jax",
     version="0.1.0",
@@ -24,12 +26,16 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
+        # python -m maelm_jax.plan: libtpu compiles the run's step for TPU chips on
+        # any Linux x86-64 host (the only platform it is built for), pinned by
+        # jax's own `tpu` extra to the libtpu of the installed jax.
+        "tpu": [TPU],
         # python -m maelm_jax.export_hf (writes safetensors and a fast tokenizer).
         "export": ["safetensors>=0.4", "tokenizers>=0.20"],
         # The tests load exports with transformers on PyTorch; torch is pinned to
         # the CPU wheel (an open range pulls a multi-GB CUDA build).
         # nbclient/ipykernel run notebooks/quickstart.ipynb in a real kernel.
-        "test": ["pytest>=8.0", "pytest-xdist>=3.5", "safetensors>=0.4",
+        "test": [TPU, "pytest>=8.0", "pytest-xdist>=3.5", "safetensors>=0.4",
                  "tokenizers>=0.20", "torch==2.13.0", "transformers==4.57.6",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
     },

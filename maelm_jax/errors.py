@@ -10,6 +10,7 @@ shows the traceback of the former too.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 
@@ -50,3 +51,29 @@ def one_line_errors(fn, *args, verbose: bool = False, **kwargs):
       raise
     sys.stderr.write(error_message(error) + "\n")
     sys.exit(1)
+
+
+def parse_flags(argv):
+  """absl's parser, with a misspelt or mistyped `--config.x` (which ml_collections
+  reports as a chained 50-line traceback) said in one line. The `flags_parser` of
+  every entry point with a `--config`."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as error:
+    text = str(error.args[0]) if error.args else str(error)
+    text = " ".join(text.replace("\\'", "'").replace("\\n", "\n").split())
+    misspelt = re.search(r"'(\w+)'.*Did you mean \"([\w.]+)\"", text)
+    if misspelt:
+      text = (f"--config has no key '{misspelt[1]}'; did you mean "
+              f"'{misspelt[2]}'?")
+    elif re.fullmatch(r"[\"']*\w+[\"']*", text):
+      text = f"--config has no key {text.strip(chr(34))}; see the config file for its keys"
+    elif "Error whilst parsing config file" in text and "Traceback" in text:
+      # get_config(arg) refused its argument: keep its message, not the traceback.
+      flag, _, rest = text.partition(": Error whilst parsing config file")
+      text = f"{flag}: " + re.split(r"\b\w*Error: ", rest)[-1]
+    if "--verbose" in argv:
+      raise
+    sys.stderr.write(f"error in the command line: {text}\n")
+    sys.exit(2)

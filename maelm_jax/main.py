@@ -6,13 +6,13 @@
 
 import logging as pylogging
 import os
-import re
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from maelm_jax import host_memory
+from maelm_jax.errors import parse_flags
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.errors import error_message, is_user_error
 
@@ -23,30 +23,6 @@ flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer 
 flags.DEFINE_bool("verbose", False, "Print the full traceback of an error that "
                   "maelm_jax reports in a line (bad config, input or workdir).")
 flags.mark_flags_as_required(["config", "workdir"])
-
-
-def parse_flags(argv):
-  """absl's parser, with a misspelt or mistyped `--config.x` (which ml_collections
-  reports as a chained 50-line traceback) said in one line."""
-  try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as error:
-    text = str(error.args[0]) if error.args else str(error)
-    text = " ".join(text.replace("\\'", "'").replace("\\n", "\n").split())
-    misspelt = re.search(r"'(\w+)'.*Did you mean \"([\w.]+)\"", text)
-    if misspelt:
-      text = (f"--config has no key '{misspelt[1]}'; did you mean "
-              f"'{misspelt[2]}'?")
-    elif re.fullmatch(r"[\"']*\w+[\"']*", text):
-      text = f"--config has no key {text.strip(chr(34))}; see the config file for its keys"
-    elif "Error whilst parsing config file" in text and "Traceback" in text:
-      # get_config(arg) refused its argument: keep its message, not the traceback.
-      flag, _, rest = text.partition(": Error whilst parsing config file")
-      text = f"{flag}: " + re.split(r"\b\w*Error: ", rest)[-1]
-    if "--verbose" in argv:
-      raise
-    sys.stderr.write(f"error in the command line: {text}\n")
-    sys.exit(2)
 
 
 def _says_disk_full(record) -> bool:

@@ -2,6 +2,9 @@
 
 import os
 
+# The CPU, even where libtpu is installed (the test extras have it, for the
+# planner): jax would otherwise look for a local TPU first, and warn.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -1,0 +1,191 @@
+"""What a compiled step's HLO text says about its cost: collectives (count and
+bytes per kind, loops counted as many times as they run), Pallas kernel calls,
+and the largest buffers it produces. Read by the planner (plan.py).
+
+XLA's own `cost_analysis()` counts each while-loop body once (a scanned layer
+stack, gradient accumulation); here a loop's body counts `trip count` times,
+read from its condition (`counter < N`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+               "collective-permute")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+          "c128": 16}
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
+_HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
+# Computations an instruction runs: a fusion's body (`calls`) holds values that
+# never reach memory; the others' do.
+_FUSED = re.compile(r"\bcalls=%([\w.\-]+)")
+_CALLED = re.compile(r"\b(?:to_apply|true_computation|false_computation)=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+KERNEL_TARGET = 'custom_call_target="tpu_custom_call"'
+
+
+def array_bytes(shape_text: str) -> list[int]:
+  """Bytes of each array in an HLO shape ('bf16[8,512]{1,0}', or a tuple)."""
+  sizes = []
+  for dtype, dims in _ARRAY.findall(shape_text):
+    count = 1
+    for dim in filter(None, dims.split(",")):
+      count *= int(dim)
+    sizes.append(count * _BYTES.get(dtype, 1 if dtype.startswith("f8") else 4))
+  return sizes
+
+
+def group_size(line: str, default: int) -> int:
+  """Devices in each replica group of a collective: `{{0,1,2,3}}`,
+  `[2,4]<=[8]` (iota: groups x size) or `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}`."""
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  if mesh:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh[1]))
+    size = 1
+    for axis in re.findall(r"'(\w+)'", mesh[2]):
+      size *= int(sizes.get(axis, 1))
+    return size
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+  if iota:
+    return int(iota[2])
+  explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+  if explicit:
+    return len(explicit[1].split(","))
+  pairs = re.search(r"source_target_pairs=\{(.*?)\}\}", line)
+  return 2 if pairs else default
+
+
+def ring_bytes(kind: str, result_bytes: int, n: int) -> float:
+  """Bytes each chip sends for one collective on a ring of n chips (the
+  bandwidth-optimal algorithms): all-reduce 2(n-1)/n of the array, all-gather
+  and all-to-all (n-1)/n, reduce-scatter (n-1) x its (scattered) result."""
+  if n <= 1:
+    return 0.0
+  if kind == "all-reduce":
+    return 2 * (n - 1) / n * result_bytes
+  if kind == "reduce-scatter":
+    return (n - 1) * result_bytes
+  if kind == "collective-permute":
+    return float(result_bytes)
+  return (n - 1) / n * result_bytes
+
+
+@dataclasses.dataclass
+class _Computation:
+  collectives: list = dataclasses.field(default_factory=list)  # (kind, bytes, n)
+  kernel_calls: int = 0
+  calls: list = dataclasses.field(default_factory=list)  # (callee, times, in memory)
+  max_constant: int = 0
+  buffers: list = dataclasses.field(default_factory=list)  # (bytes, shape, op_name)
+
+
+@dataclasses.dataclass
+class HloStats:
+  collectives: dict  # kind -> {"count", "bytes" (results), "ring_bytes" (sent)}
+  kernel_calls: int  # tpu_custom_call executions per step (loops unrolled)
+  kernel_calls_in_text: int  # tpu_custom_call instructions in the program text
+  largest_buffers: list  # [(bytes, "dtype[shape]", op_name)] per chip
+  loop_trip_counts: list  # trip count of each while loop
+
+
+def _parse(text: str, num_devices: int):
+  computations, entry, current = {}, None, None
+  whiles = []
+  for line in text.splitlines():
+    if not line.startswith(" "):
+      header = _HEADER.match(line)
+      if header and line.rstrip().endswith("{"):
+        current = computations.setdefault(header[1], _Computation())
+        if line.startswith("ENTRY"):
+          entry = header[1]
+      continue
+    if current is None:
+      continue
+    match = _INSTRUCTION.match(line)
+    if not match:
+      continue
+    _, shape, op, rest = match.groups()
+    if op == "constant" and shape.startswith("s32[]"):
+      value = re.match(r"(-?\d+)\)", rest)
+      if value:
+        current.max_constant = max(current.max_constant, int(value[1]))
+    base = op[:-len("-start")] if op.endswith("-start") else op
+    if base in COLLECTIVES:
+      sizes = array_bytes(shape)
+      # An async start's tuple holds its operand and result: the result is
+      # the largest (all-gather) or the same size.
+      size = max(sizes) if op.endswith("-start") else sum(sizes)
+      current.collectives.append((base, size, group_size(line, num_devices)))
+    if op == "custom-call" and KERNEL_TARGET in line:
+      current.kernel_calls += 1
+    if op == "while":
+      body = re.search(r"body=%([\w.\-]+)", line)
+      condition = re.search(r"condition=%([\w.\-]+)", line)
+      if body and condition:
+        whiles.append((current, body[1], condition[1]))
+      continue
+    for callee in _FUSED.findall(line):
+      current.calls.append((callee, 1, False))
+    for callee in _CALLED.findall(line):
+      current.calls.append((callee, 1, True))
+    for branches in _BRANCHES.findall(line):
+      for callee in re.findall(r"%([\w.\-]+)", branches):
+        current.calls.append((callee, 1, True))
+    if op not in ("parameter", "get-tuple-element", "bitcast", "tuple", "constant",
+                  "copy-done", "copy-start") and not op.endswith("-done"):
+      sizes = array_bytes(shape)
+      if sizes:
+        name = _OP_NAME.search(line)
+        dtype_shape = _ARRAY.search(shape)
+        current.buffers.append((max(sizes), f"{dtype_shape[1]}[{dtype_shape[2]}]"
+                                if dtype_shape else shape, name[1] if name else op))
+  trips = []
+  for caller, body, condition in whiles:
+    trip = max(computations.get(condition, _Computation()).max_constant, 1)
+    caller.calls.append((body, trip, True))
+    trips.append(trip)
+  return computations, entry, trips
+
+
+def analyze(text: str, num_devices: int) -> HloStats:
+  """Collectives, kernel calls and the largest buffers of compiled HLO text."""
+  computations, entry, trips = _parse(text, num_devices)
+  totals = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "ring_bytes": 0.0})
+  kernel_calls, buffers, in_memory = 0, [], set()
+
+  def visit(name, times, materialized, depth=0):
+    nonlocal kernel_calls
+    computation = computations.get(name)
+    if computation is None or depth > 64:
+      return
+    for kind, size, n in computation.collectives:
+      totals[kind]["count"] += times
+      totals[kind]["bytes"] += times * size
+      totals[kind]["ring_bytes"] += times * ring_bytes(kind, size, n)
+    kernel_calls += times * computation.kernel_calls
+    if materialized and name not in in_memory:
+      in_memory.add(name)
+      buffers.extend(computation.buffers)
+    for callee, multiplier, callee_in_memory in computation.calls:
+      visit(callee, times * multiplier, callee_in_memory, depth + 1)
+
+  if entry is not None:
+    visit(entry, 1, True)
+  collectives = {kind: dict(totals[kind]) for kind in COLLECTIVES if totals[kind]["count"]}
+  seen, largest = set(), []
+  for size, shape, name in sorted(buffers, key=lambda b: -b[0]):
+    if (shape, name) in seen:
+      continue
+    seen.add((shape, name))
+    largest.append((size, shape, name))
+    if len(largest) == 5:
+      break
+  return HloStats(collectives=collectives, kernel_calls=kernel_calls,
+                  kernel_calls_in_text=text.count(KERNEL_TARGET),
+                  largest_buffers=largest, loop_trip_counts=trips)

@@ -1,0 +1,681 @@
+r"""Plan a run for TPU chips on a machine without one: compile the run's own train
+step for a TPU slice on this (CPU) host, and say whether it fits in the chips'
+memory and how fast it should run, before the slice is paid for.
+
+    pip install -e '.[tpu]'   # libtpu, from PyPI (Linux x86-64)
+    python -m maelm_jax.plan --config=configs/pretrain.py:objective=maelm,size=base \
+        --topology=v5e:4x4 --config.mesh_shape='(4,4,1)' --config.batch_size=256 \
+        --config.seq_len=512 --out=/tmp/plan
+
+The same for a fine-tuning step (its model is the `init_from` run's, or a size):
+    python -m maelm_jax.plan --config=configs/glue.py:task=sst2 --size=base \
+        --topology=v5p:2x2x1 --config.batch_size=256
+
+`--topology` takes libtpu's names (`v5e:4x4`, `v4:2x2x2`, `v5p:2x2x1`, `v6e:2x2`)
+or Cloud TPU accelerator types (`v5litepod-16`, `v4-16`, `v5p-8`, `v6e-4`). The
+mesh is the config's own `mesh_shape` over the slice's chips, and every
+`--config.x` override works as in training. The step is built by the function
+the run itself calls (`train_lib.pretrain_program`,
+`finetune.run.finetune_program`), lowered from abstract state (nothing is
+allocated) and compiled by libtpu's compiler for the named chips.
+
+It prints a short table and writes `<out>/plan.json` (`PLAN_KEYS`). The step
+time and MFU are a compile-time model, not a measurement: a roofline, the
+largest of the step's FLOPs at the chip's peak, its HBM traffic at the chip's
+bandwidth and its collectives' ring traffic at the chip's whole interconnect
+bandwidth (flops.CHIPS). It is a bound: the real step is slower.
+
+Exit status: 0 it fits; 3 it does not (at most 5 lines: the largest buffers,
+the knobs that shrink them and the plan of the first that fits); 1 bad input
+(no libtpu, an unknown topology, a bad config); 2 a bad command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+
+# Plan on the host's CPU: with libtpu installed, jax would first look for a
+# local TPU (slow, and noisy) before falling back to the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so that two processes
+# never drive one TPU; a plan drives none, and plans run side by side (tests,
+# a table of plans, a launcher beside a notebook).
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+MARGIN = 0.05  # Of a chip's HBM left free: what libtpu reserves (0.25 of v5e's
+# 16 GiB, by its compiler's own "available HBM (15.75G)"), the next batch's
+# buffers and fragmentation.
+PLAN_KEYS = ("topology", "chips", "chip_kind", "mesh", "hbm_bytes_per_chip",
+             "bytes_per_chip", "fits", "xla_flops_per_chip", "model_flops_per_chip",
+             "collectives", "attention", "compile_seconds", "estimated_step_seconds",
+             "estimated_mfu")
+NOT_FIT_EXIT = 3
+# libtpu's topology names; Cloud TPU accelerator types map onto them.
+TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+x\d+(?:x\d+)?)$")
+ACCELERATOR_TYPE = re.compile(r"^(v4|v5p|v5litepod|v5e|v6e)-(\d+)$")
+ACCEPTED = ("libtpu's names: v4:2x2x1, v4:2x2x2, v5e:2x2, v5e:4x4, v5e:16x16, "
+            "v5p:2x2x1, v5p:4x4x4, v6e:2x2, v6e:4x4 (chips per axis), or Cloud TPU "
+            "accelerator types: v4-8, v5p-8, v5litepod-16, v6e-16")
+# v4 and v5p chips hold two TensorCores that jax drives as one device.
+_MEGACORE = ("v4", "v5p")
+
+
+class PlanError(ValueError):
+  """Bad input to the planner: said in one line, exit 1."""
+
+
+# --------------------------------------------------------------------------
+# Topologies.
+# --------------------------------------------------------------------------
+def _doubled(chips: int, dims: int) -> list[int]:
+  """The slice shape Cloud TPU gives `chips` chips: powers of two, doubling the
+  smallest axis, the last first (8 -> 2x4, 16 -> 4x4; 3D 8 -> 2x2x2, 32 -> 2x4x4)."""
+  shape = [1] * dims
+  while math.prod(shape) < chips:
+    smallest = min(shape)
+    shape[max(i for i, s in enumerate(shape) if s == smallest)] *= 2
+  return sorted(shape)
+
+
+def topology_name(name: str) -> str:
+  """libtpu's topology name for `name`: already one (`v5e:4x4`), or a Cloud TPU
+  accelerator type (`v5litepod-16` -> `v5e:4x4`; v4/v5p types count TensorCores,
+  two per chip: `v4-16` -> `v4:2x2x2`)."""
+  name = name.strip().lower()
+  if TOPOLOGY.match(name):
+    return name
+  match = ACCELERATOR_TYPE.match(name)
+  if not match:
+    raise PlanError(f"unknown topology {name!r}; use {ACCEPTED}")
+  version, count = match[1], int(match[2])
+  version = "v5e" if version == "v5litepod" else version
+  chips = count // 2 if version in _MEGACORE else count
+  if chips < 1 or chips & (chips - 1):
+    raise PlanError(f"{name!r} is not a slice size Cloud TPU offers (a power of two "
+                    f"{'TensorCores' if version in _MEGACORE else 'chips'}); use {ACCEPTED}")
+  if version in _MEGACORE:
+    shape = [2, 2, 1] if chips <= 4 else _doubled(chips, 3)
+  else:
+    shape = _doubled(chips, 2)
+  return f"{version}:{'x'.join(map(str, shape))}"
+
+
+def libtpu_problem() -> str | None:
+  """Why this machine cannot compile for TPU chips, in one line, or None."""
+  if importlib.util.find_spec("libtpu") is not None:
+    return None
+  if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+    return (f"libtpu, which compiles for TPU chips, is built for Linux x86-64 only "
+            f"(this is {platform.system()} {platform.machine()}); plan on such a machine")
+  import jax  # pylint: disable=g-import-not-at-top
+  return (f"libtpu is not installed; pip install 'jax[tpu]=={jax.__version__}' "
+          "(or pip install -e '.[tpu]')")
+
+
+def topology_devices(name: str) -> tuple[list, str]:
+  """The devices of a TPU slice described on this host (nothing runs on them):
+  (devices, libtpu's topology name)."""
+  topology = topology_name(name)
+  problem = libtpu_problem()
+  if problem:
+    raise PlanError(problem)
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  version = topology.split(":")[0]
+  try:
+    description = topologies.get_topology_desc(
+        platform="tpu", topology_name=topology,
+        chip_config_name="megacore" if version in _MEGACORE else "default")
+  except Exception as error:  # pylint: disable=broad-except
+    first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+    raise PlanError(f"libtpu refused topology {topology!r} ({first[:200]}); use "
+                    f"{ACCEPTED}") from error
+  return list(description.devices), topology
+
+
+# --------------------------------------------------------------------------
+# The step, built as the run builds it.
+# --------------------------------------------------------------------------
+@dataclasses.dataclass
+class Built:
+  program: object  # train_lib.Program
+  model_cfg: object  # model.ModelConfig
+  mesh: object
+  seq_len: int
+  batch_size: int
+  grad_accum_steps: int
+  model_flops: float  # Train FLOPs of one step, the whole batch (flops.py).
+  config: object = None  # The resolved pretraining config (None: fine-tuning).
+
+
+def build(config, devices, size: str = "", vocab_size: int = 0) -> Built:
+  """The run's own program for `config` over a mesh of `devices`: what
+  `train._train_and_evaluate` / `finetune.run._run` build, from the same
+  functions, without data, checkpoints or a workdir."""
+  from maelm_jax import (config_lib, flops, sharding, train,  # pylint: disable=g-import-not-at-top
+                         train_lib)
+  mode = config.get("mode", "pretrain")
+  if mode == "pretrain":
+    config = config_lib.resolve(config)
+    config_lib.validate(config)
+    mesh = sharding.make_mesh(config.mesh_shape, devices)
+    train.check_batch_fits_mesh(config, mesh)
+    vocab, mask_id, _ = train.planned_vocabulary(config, None)
+    model_cfg = train.pretraining_model_config(config, vocab, mask_id)
+    program = train_lib.pretrain_program(config, model_cfg, mesh)
+    return Built(program, model_cfg, mesh, config.seq_len, config.batch_size,
+                 config.grad_accum_steps,
+                 flops.train_flops_per_step(model_cfg, config.seq_len,
+                                            config.batch_size), config)
+  if mode not in ("glue", "squad"):
+    raise PlanError(f"config.mode={mode!r}: expected pretrain, glue or squad")
+  return _build_finetune(config, devices, size, vocab_size)
+
+
+def _build_finetune(config, devices, size, vocab_size) -> Built:
+  from maelm_jax import checkpoints, flops, model as model_lib, sharding  # pylint: disable=g-import-not-at-top
+  from maelm_jax.finetune import run as finetune_run  # pylint: disable=g-import-not-at-top
+  from maelm_jax.finetune.tasks import GlueProblem, SquadProblem  # pylint: disable=g-import-not-at-top
+  if bool(config.init_from) == bool(size):
+    raise PlanError("a fine-tuning plan takes its model from --config.init_from (a "
+                    "pretraining workdir) or from --size (tiny, small, base, large), "
+                    "one of the two")
+  if size and size not in model_lib.SIZES:
+    raise PlanError(f"--size={size!r}: use one of {sorted(model_lib.SIZES)}")
+  with config.unlocked():
+    checked = config.copy_and_resolve_references()
+    checked.init_from = checked.init_from or "(planned from --size)"
+  finetune_run.validate(checked)
+  if config.init_from:
+    finetune_run.check_pretrained(config)
+    pretrained = checkpoints.load_pretrained(
+        config.init_from, encoder_only=True, read_params=False,
+        step=None if config.init_step < 0 else config.init_step)
+    pretrained_cfg = pretrained.model_cfg
+  else:
+    layers, hidden, heads, mlp, _ = model_lib.SIZES[size]
+    pretrained_cfg = model_lib.ModelConfig(
+        vocab_size=vocab_size or 32000, num_layers=layers, hidden=hidden,
+        num_heads=heads, mlp=mlp, decoder_type="none")
+  model_cfg = finetune_run.finetune_model_config(config, pretrained_cfg)
+  mesh = sharding.make_mesh(config.mesh_shape, devices)
+  finetune_run.check_fits_mesh(config, mesh)
+  problem = (GlueProblem(config, check_data=False) if config.mode == "glue"
+             else SquadProblem(config, check_data=False))
+  # The schedule's length does not change the compiled step's shapes.
+  program = finetune_run.finetune_program(config, problem, model_cfg, 1000, mesh)
+  encoder_only = dataclasses.replace(model_cfg, decoder_type="none", mask_ratio=0.0)
+  fwd = encoder_only.num_layers * flops._layer_flops(  # pylint: disable=protected-access
+      config.max_seq_len, config.max_seq_len, model_cfg.hidden, model_cfg.mlp)
+  return Built(program, model_cfg, mesh, config.max_seq_len, config.batch_size, 1,
+               3.0 * fwd * config.batch_size)
+
+
+# --------------------------------------------------------------------------
+# Compile and read the result.
+# --------------------------------------------------------------------------
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds "
+                  r"available HBM \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _shard_bytes(tree) -> int:
+  import jax  # pylint: disable=g-import-not-at-top
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding else leaf.shape
+    total += math.prod(shape) * leaf.dtype.itemsize
+  return total
+
+
+def largest_state_leaves(abstract_state, count: int = 2) -> list[tuple[int, str]]:
+  """The largest per-chip shards of the state: (bytes, path)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  leaves = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding else leaf.shape
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
+    leaves.append((math.prod(shape) * leaf.dtype.itemsize, name))
+  return sorted(leaves, reverse=True)[:count]
+
+
+_kernel_probe_cache: dict = {}
+
+
+def kernel_uncounted_share(device) -> float:
+  """The share of a Pallas TPU flash-attention kernel's training FLOPs (forward
+  and backward) that XLA's cost analysis does not count, measured by compiling
+  the kernel alone for `device` (today: the backward's 2/3; its forward carries
+  a cost estimate, the backward kernels none)."""
+  key = device.device_kind
+  if key not in _kernel_probe_cache:
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    from maelm_jax import attention  # pylint: disable=g-import-not-at-top
+    b, h, n, d = 2, 2, 256, 128
+    placed = NamedSharding(Mesh([device], ("x",)), PartitionSpec())
+    qkv = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16, sharding=placed)
+    bias = jax.ShapeDtypeStruct((b, h, n, n), jnp.float32, sharding=placed)
+    loss = lambda q, k, v, a: attention.tpu_flash_attention(q, k, v, a).astype(
+        jnp.float32).sum()
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(
+        qkv, qkv, qkv, bias).compile()
+    counted = float(compiled.cost_analysis().get("flops", 0.0))
+    model = 3 * 4 * b * h * n * n * d
+    _kernel_probe_cache[key] = min(1.0, max(0.0, 1.0 - counted / model))
+  return _kernel_probe_cache[key]
+
+
+def _attention_by_site(choices) -> dict[str, dict]:
+  sites = {}
+  for choice in choices:
+    site = sites.setdefault(choice["site"], {
+        "implementation": choice["implementation"], "q_len": choice["q_len"],
+        "kv_len": choice["kv_len"]})
+    if choice["implementation"] != site["implementation"]:
+      site["implementation"] = "mixed"
+  for site in sites.values():
+    if site["implementation"] == "tpu_flash":
+      from maelm_jax import attention  # pylint: disable=g-import-not-at-top
+      site["kernel_lengths"] = [attention.padded_length(site["q_len"]),
+                                attention.padded_length(site["kv_len"])]
+  return sites
+
+
+def _stack_layers(model_cfg, site: str) -> int:
+  return model_cfg.num_layers if site == "encoder" else model_cfg.decoder_layers
+
+
+def _cost(built: Built) -> tuple[float, float]:
+  """XLA's (FLOPs, bytes accessed) per chip of `built`'s compiled train step."""
+  program = built.program
+  cost = program.train_step.lower(program.abstract_state,
+                                  program.batch).compile().cost_analysis() or {}
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def one_more_layer(built: Built, devices) -> dict[str, tuple[float, float]]:
+  """XLA's (FLOPs, bytes) per chip of one more layer of each stack of a scanned
+  pretraining step, per microbatch: the difference between small unscanned
+  compiles of the same step with one and two layers in that stack. XLA's cost
+  analysis counts a scanned stack's loop body once; this is what each further
+  iteration costs, by XLA's own count."""
+  config = built.config
+  micro = built.batch_size // built.grad_accum_steps
+  one = {"model.scan_layers": False, "model.num_layers": 1, "batch_size": micro,
+         "grad_accum_steps": 1, "total_flops": 0.0}
+  stacks = {"encoder": "model.num_layers"}
+  if built.model_cfg.decoder_type != "none":
+    stacks["decoder"] = "model.decoder_layers"
+    one["model.decoder_layers"] = 1
+  base = _cost(build(_with(config, one), devices))
+  out = {}
+  for stack, key in stacks.items():
+    more = _cost(build(_with(config, {**one, key: 2}), devices))
+    out[stack] = (more[0] - base[0], more[1] - base[1])
+  return out
+
+
+def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> dict:
+  """Compiles `built`'s train step for `devices` and reads what it costs.
+  estimate=False: memory only (no probe compiles for a scanned step's FLOPs)."""
+  from maelm_jax import attention, flops, hlo_stats  # pylint: disable=g-import-not-at-top
+  program, model_cfg, mesh = built.program, built.model_cfg, built.mesh
+  chips = len(devices)
+  chip = flops.chip(devices[0].device_kind)
+  with attention.recording_choices() as choices:
+    lowered = program.train_step.lower(program.abstract_state, program.batch)
+  started = time.perf_counter()
+  compiled, oom = None, None
+  try:
+    compiled = lowered.compile()
+  except Exception as error:  # pylint: disable=broad-except
+    if "RESOURCE_EXHAUSTED" not in str(error):
+      raise
+    oom = str(error).strip().splitlines()[0]
+  compile_seconds = time.perf_counter() - started
+  sites = _attention_by_site(choices)
+  state_bytes = _shard_bytes(program.abstract_state)
+  batch_bytes = _shard_bytes(program.batch)
+  result = {
+      "topology": topology, "chips": chips, "chip_kind": devices[0].device_kind,
+      "mesh": dict(mesh.shape), "batch_size": built.batch_size,
+      "seq_len": built.seq_len, "grad_accum_steps": built.grad_accum_steps,
+      "hbm_bytes_per_chip": chip.hbm_bytes, "margin": MARGIN,
+      "model_flops_per_chip": built.model_flops / chips,
+      "attention": sites, "compile_seconds": round(compile_seconds, 1),
+      "state_bytes_per_chip": state_bytes,
+      "largest_state_shards": largest_state_leaves(program.abstract_state),
+      "chip_constants": dataclasses.asdict(chip),
+  }
+  if compiled is None:
+    match = _OOM.search(oom)
+    temporaries = (float(match[1]) * _UNITS[match[2]]) if match else float("nan")
+    result.update({
+        "compile_error": oom, "fits": False,
+        "bytes_per_chip": {"arguments": state_bytes + batch_bytes,
+                           "temporaries": temporaries, "outputs": state_bytes,
+                           "code": 0, "total": state_bytes + batch_bytes + temporaries},
+        "xla_flops_per_chip": None, "collectives": None,
+        "estimated_step_seconds": None, "estimated_mfu": None,
+        "largest_buffers": []})
+    return result
+
+  memory = compiled.memory_analysis()
+  arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
+  temporaries, code = memory.temp_size_in_bytes, memory.generated_code_size_in_bytes
+  # Donated state: the outputs reuse the arguments' buffers (alias).
+  total = arguments + temporaries + code + outputs - memory.alias_size_in_bytes
+  cost = compiled.cost_analysis() or {}
+  counted_flops = float(cost.get("flops", 0.0))
+  counted_bytes = float(cost.get("bytes accessed", 0.0))
+  stats = hlo_stats.analyze(compiled.as_text(), chips)
+
+  fits = total <= chip.hbm_bytes * (1 - MARGIN)
+  memory_result = {
+      "bytes_per_chip": {"arguments": arguments, "temporaries": temporaries,
+                         "outputs": outputs, "aliased": memory.alias_size_in_bytes,
+                         "code": code, "total": total,
+                         # Tiled layouts: e.g. a 64-wide dimension fills 128 lanes.
+                         "layout_padding": arguments - state_bytes - batch_bytes},
+      "fits": fits, "largest_buffers": stats.largest_buffers,
+      "collectives": stats.collectives,
+      "tpu_custom_calls": {"per_step": stats.kernel_calls,
+                           "in_program": stats.kernel_calls_in_text}}
+  result.update(memory_result)
+  if not estimate:
+    return result
+
+  # What XLA's count misses. (1) A scanned stack's further iterations: XLA's
+  # own count of one more layer (small unscanned compiles). (2) The Pallas
+  # kernels' backward: from the FLOP model. (3) Gradient accumulation is a loop
+  # too: its body (all but the optimizer's update) runs once per microbatch.
+  micro = built.batch_size / built.grad_accum_steps
+  attention_parts = flops.attention_flops_per_sequence(model_cfg, built.seq_len)
+  notes, added_flops, added_bytes = [], 0.0, 0.0
+  if model_cfg.scan_layers and built.config is not None:
+    for stack, (layer_flops, layer_bytes) in one_more_layer(built, devices).items():
+      further = _stack_layers(model_cfg, stack) - 1
+      added_flops += further * layer_flops
+      added_bytes += further * layer_bytes
+    notes.append("scanned layers: each stack's further iterations by XLA's count of "
+                 "one more layer (unscanned compiles of 1 and 2 layers)")
+  elif model_cfg.scan_layers:
+    notes.append("scanned layers: XLA counts one layer of each stack")
+  kernel_sites = [s for s, v in sites.items() if v["implementation"] == "tpu_flash"]
+  if kernel_sites:
+    share = kernel_uncounted_share(devices[0])
+    for site in kernel_sites:
+      added_flops += share * 3 * attention_parts.get(site, 0) * micro / chips
+    notes.append(f"Pallas kernels: the {share:.0%} of their FLOPs XLA does not "
+                 "count (their backward), from the FLOP model")
+  # The optimizer's update (reading and writing params, both Adam moments and
+  # the gradients: about 3x the state) runs once a step, outside the loop.
+  update_bytes = min(3.0 * state_bytes, 0.9 * counted_bytes)
+  accum = built.grad_accum_steps
+  hardware_flops = (counted_flops + added_flops) * accum
+  hbm_traffic = update_bytes + accum * (counted_bytes - update_bytes + added_bytes)
+  if accum > 1:
+    notes.append(f"grad accumulation: the loop's body x {accum}")
+  ring = sum(v["ring_bytes"] for v in stats.collectives.values())
+  terms = {"flops": hardware_flops / chip.peak_flops,
+           "hbm": hbm_traffic / chip.hbm_bandwidth,
+           "collectives": ring / chip.interconnect_bandwidth}
+  step = max(terms.values())
+  result.update({
+      "xla_flops_per_chip": hardware_flops,
+      "xla_flops_counted_per_chip": counted_flops, "xla_flops_notes": notes,
+      "hbm_traffic_bytes_per_chip": hbm_traffic,
+      "roofline_seconds": terms, "bound_by": max(terms, key=terms.get),
+      "estimated_step_seconds": step,
+      "estimated_tokens_per_second": built.batch_size * built.seq_len / step,
+      "estimated_mfu": built.model_flops / chips / (step * chip.peak_flops),
+  })
+  return result
+
+
+# --------------------------------------------------------------------------
+# What to change when it does not fit.
+# --------------------------------------------------------------------------
+def _with(config, overrides: dict):
+  """A copy of `config` with dotted overrides."""
+  copy = config.copy_and_resolve_references()
+  with copy.unlocked():
+    for key, value in overrides.items():
+      node = copy
+      *parents, name = key.split(".")
+      for part in parents:
+        node = node[part]
+      node[name] = value
+  return copy
+
+
+def _flag(key, value) -> str:
+  text = f"'{tuple(value)}'" if isinstance(value, (tuple, list)) else value
+  return f"--config.{key}={text}"
+
+
+def knobs(config, result: dict) -> list[tuple[dict, float | None]]:
+  """Overrides that shrink the step's memory, each with its estimated bytes per
+  chip (None: only a compile says): first those that keep the global batch
+  (gradient accumulation, fsdp over the slice, a remat policy, scanned layers),
+  then a smaller batch. Estimates: temporaries scale with the microbatch,
+  the state with its shards."""
+  from maelm_jax import sharding  # pylint: disable=g-import-not-at-top
+  used = result["bytes_per_chip"]
+  budget = result["hbm_bytes_per_chip"] * (1 - MARGIN)
+  state = result["state_bytes_per_chip"]
+  temporaries = used["temporaries"] + used.get("code", 0)
+  rest = used["total"] - temporaries  # Arguments and outputs.
+  mode = config.get("mode", "pretrain")
+  batch, chips = result["batch_size"], result["chips"]
+  mesh = result["mesh"]
+  dp = mesh["data"] * mesh["fsdp"]
+  out = []
+  if mode == "pretrain":
+    accum = config.grad_accum_steps
+    while (batch // (accum * 2)) % dp == 0 and batch % (accum * 2) == 0:
+      accum *= 2
+      # The accumulator of gradients: one more float32 copy of the params (a
+      # third of params + Adam's two moments).
+      estimate = rest + temporaries * config.grad_accum_steps / accum + state / 3
+      if estimate <= budget or (batch // (accum * 2)) % dp:
+        out.append(({"grad_accum_steps": accum}, estimate))
+        break
+  if mesh["fsdp"] < chips and mode == "pretrain":
+    fsdp = ({"mesh_shape": (1, chips, mesh["tensor"] if chips % mesh["tensor"] == 0 else 1)})
+    shards = mesh["fsdp"] * mesh["tensor"]
+    new_shards = chips
+    estimate = rest - 2 * state + 2 * state * shards / new_shards + temporaries
+    out.append((fsdp, estimate))
+  model = config.get("model") if mode == "pretrain" else None
+  if model is not None and model.get("remat_policy", "none") != "full":
+    out.append(({"model.remat_policy": "full"}, None))
+    if not model.get("scan_layers", False):
+      out.append(({"model.remat_policy": "full", "model.scan_layers": True}, None))
+  per_row = temporaries / batch
+  smaller = batch
+  while smaller % 2 == 0 and smaller // 2 >= dp and (smaller // 2) % dp == 0:
+    smaller //= 2
+    if rest + per_row * smaller <= budget:
+      break
+  if smaller < batch:
+    out.append(({"batch_size": smaller}, rest + per_row * smaller))
+  del sharding
+  return out
+
+
+def _gb(value) -> str:
+  return "?" if value is None or value != value else f"{value / 1e9:.1f} GB"
+
+
+def _short(op_name: str) -> str:
+  """An HLO op name without the jit/jvp/transpose wrappers."""
+  parts = [p for p in op_name.split("/") if not re.match(r"(jit|jvp|transpose)\(", p)]
+  return "/".join(re.sub(r"^(jvp|transpose)\((.*)\)$", r"\2", p) for p in parts)[-70:]
+
+
+def refusal(config, result: dict, devices, size: str = "", vocab_size: int = 0,
+            max_compiles: int = 3) -> list[str]:
+  """At most 5 lines for a step that does not fit: what it needs, its largest
+  buffers, the knobs, and the plan of the first knob that fits (compiled)."""
+  used = result["bytes_per_chip"]
+  lines = [f"does not fit: {_gb(used['total'])} per chip needed, "
+           f"{_gb(result['hbm_bytes_per_chip'] * (1 - MARGIN))} usable of "
+           f"{_gb(result['hbm_bytes_per_chip'])} on {result['chip_kind']} "
+           f"({result['topology']}): arguments {_gb(used['arguments'])}, "
+           f"temporaries {_gb(used['temporaries'])}"
+           + (" (the compiler ran out of memory)" if "compile_error" in result else "")]
+  largest = [f"{shape} {_gb(b)} ({_short(name)})"
+             for b, shape, name in result.get("largest_buffers", [])[:2]]
+  largest += [f"{name} {_gb(b)}" for b, name in result["largest_state_shards"][:2]]
+  lines.append("largest buffers per chip: " + "; ".join(largest))
+  candidates = knobs(config, result)
+  lines.append("knobs: " + ", ".join(
+      " ".join(_flag(k, v) for k, v in overrides.items())
+      + (f" (~{_gb(estimate)})" if estimate is not None else "")
+      for overrides, estimate in candidates))
+  budget = result["hbm_bytes_per_chip"] * (1 - MARGIN)
+  queue = ([c[0] for c in candidates if c[1] is not None and c[1] <= budget]
+           + [c[0] for c in candidates if c[1] is None])
+  compiles, fitted = 0, None
+  while queue and compiles < max_compiles:
+    overrides = queue.pop(0)
+    try:
+      trial = plan_built(build(_with(config, overrides), devices, size, vocab_size),
+                         result["topology"], devices)
+    except ValueError:
+      continue
+    compiles += 1
+    if trial["fits"]:
+      fitted = (overrides, trial)
+      break
+    accum = overrides.get("grad_accum_steps")
+    # The estimate assumed temporaries shrink with the microbatch; they shrank
+    # less: try twice the accumulation next, if the batch divides.
+    if accum and (result["batch_size"] // (2 * accum)) % (
+        result["mesh"]["data"] * result["mesh"]["fsdp"]) == 0:
+      queue.insert(0, {**overrides, "grad_accum_steps": 2 * accum})
+  if fitted:
+    overrides, trial = fitted
+    flags_text = " ".join(_flag(k, v) for k, v in overrides.items())
+    lines.append(
+        f"first that fits: {flags_text}: {_gb(trial['bytes_per_chip']['total'])} "
+        f"per chip (compiled), est. {trial['estimated_step_seconds']:.3g} s/step, "
+        f"MFU {trial['estimated_mfu']:.0%} (a bound)")
+    result["first_that_fits"] = {"overrides": {k: list(v) if isinstance(v, tuple)
+                                               else v for k, v in overrides.items()},
+                                 "plan": trial}
+  else:
+    lines.append(f"none of the first {compiles} compiled fits alone; combine them, or "
+                 "take a larger slice")
+  return lines[:5]
+
+
+# --------------------------------------------------------------------------
+# The command.
+# --------------------------------------------------------------------------
+def table(result: dict) -> list[str]:
+  used = result["bytes_per_chip"]
+  lines = [f"plan: {result['topology']} ({result['chips']} x {result['chip_kind']}), "
+           f"mesh {result['mesh']}, batch {result['batch_size']} x {result['seq_len']}"]
+  lines.append(f"  memory/chip  {_gb(used['total'])} of {_gb(result['hbm_bytes_per_chip'])}"
+               f" ({'fits' if result['fits'] else 'DOES NOT FIT'}, {MARGIN:.0%} kept "
+               f"free): arguments {_gb(used['arguments'])}, temporaries "
+               f"{_gb(used['temporaries'])}, outputs {_gb(used['outputs'])}")
+  if result.get("xla_flops_per_chip"):
+    lines.append(f"  flops/chip   XLA {result['xla_flops_per_chip']:.3g}, model "
+                 f"{result['model_flops_per_chip']:.3g}")
+    collectives = ", ".join(f"{k} {v['count']} ({_gb(v['bytes'])})"
+                            for k, v in result["collectives"].items()) or "none"
+    lines.append(f"  collectives  {collectives}")
+    lines.append(f"  estimate     {result['estimated_step_seconds'] * 1e3:.1f} ms/step, "
+                 f"{result['estimated_tokens_per_second']:,.0f} tokens/s, MFU "
+                 f"{result['estimated_mfu']:.1%} (a roofline bound by "
+                 f"{result['bound_by']}; not a measurement)")
+  attention = ", ".join(f"{site} {v['implementation']} ({v['q_len']}x{v['kv_len']})"
+                        for site, v in result["attention"].items())
+  lines.append(f"  attention    {attention}")
+  lines.append(f"  compiled in  {result['compile_seconds']:.0f} s")
+  return lines
+
+
+def _json_ready(value):
+  if isinstance(value, dict):
+    return {str(k): _json_ready(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_json_ready(v) for v in value]
+  if isinstance(value, float) and value != value:
+    return None
+  return value
+
+
+def run(config, topology: str, out: str = "", size: str = "",
+        vocab_size: int = 0) -> tuple[int, dict, list[str]]:
+  """(exit status, plan, lines to print)."""
+  devices, name = topology_devices(topology)
+  built = build(config, devices, size, vocab_size)
+  result = plan_built(built, name, devices)
+  lines = table(result) if "compile_error" not in result else []
+  status = 0
+  if not result["fits"]:
+    lines = refusal(config, result, devices, size, vocab_size)
+    status = NOT_FIT_EXIT
+  if out:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "plan.json"), "w") as f:
+      json.dump(_json_ready(result), f, indent=2)
+  return status, result, lines
+
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                "configs/pretrain.py:objective=maelm,size=base",
+                                lock_config=True)
+flags.DEFINE_string("topology", None, "TPU slice: v5e:4x4, v4:2x2x2, v5p:2x2x1, "
+                    "v6e:2x2, or an accelerator type such as v5litepod-16")
+flags.DEFINE_string("out", "", "Directory for plan.json (empty: print only).")
+flags.DEFINE_string("size", "", "Fine-tuning without --config.init_from: the "
+                    "encoder size (tiny, small, base, large).")
+flags.DEFINE_integer("vocab_size", 32000, "With --size: the vocabulary size.")
+flags.mark_flags_as_required(["config", "topology"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from maelm_jax.errors import error_message, is_user_error  # pylint: disable=g-import-not-at-top
+  try:
+    status, result, lines = run(FLAGS.config, FLAGS.topology, FLAGS.out, FLAGS.size,
+                                FLAGS.vocab_size)
+  except PlanError as error:
+    sys.stderr.write(f"plan: {error}\n")
+    sys.exit(1)
+  except Exception as error:  # pylint: disable=broad-except
+    if not is_user_error(error):
+      raise
+    sys.stderr.write("plan: " + error_message(error) + "\n")
+    sys.exit(1)
+  print("\n".join(lines), flush=True)
+  if FLAGS.out:
+    print(f"  plan.json    {os.path.join(FLAGS.out, 'plan.json')}"
+          if status == 0 else "", end="\n" if status == 0 else "", flush=True)
+  del result
+  sys.exit(status)
+
+
+if __name__ == "__main__":
+  from maelm_jax.errors import parse_flags  # pylint: disable=g-import-not-at-top
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,252 @@
+"""The planner (maelm_jax/plan.py): the run's own steps compiled for real TPU
+slices by libtpu on this CPU host, their memory, FLOPs, collectives and
+attention kernels, and the answers it gives a user before a slice is paid for."""
+
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from maelm_jax import attention, hlo_stats, plan, sharding, train, train_lib
+from maelm_jax.finetune import run as finetune_run
+from tests.helpers import tiny_config
+from tests.test_finetune_e2e import glue_test_config, pretrained, write_sst2  # noqa: F401
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LINUX_X86 = platform.system() == "Linux" and platform.machine() == "x86_64"
+# libtpu is in the test extras wherever it is built (Linux x86-64): there a
+# missing libtpu fails these tests rather than skipping them.
+needs_libtpu = pytest.mark.skipif(not LINUX_X86, reason="libtpu: Linux x86-64 only")
+
+
+def plan_config(objective="maelm", size="tiny", **overrides):
+  config = tiny_config(objective, **overrides)
+  config.model.size = size
+  config.model.dtype = "bfloat16"
+  return config
+
+
+def run_plan_cli(*args, env=None):
+  return subprocess.run([sys.executable, "-m", "maelm_jax.plan", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=1200,
+                        env={**os.environ, **(env or {})})
+
+
+def user_lines(stderr: str) -> list[str]:
+  """stderr without libtpu's start-up chatter on a host with no TPU."""
+  return [line for line in stderr.splitlines()
+          if line.startswith("plan:") or line.startswith("error")]
+
+
+# ------------------------------------------------------------ Compiled --
+
+
+@needs_libtpu
+def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_path):
+  """MAE-LM's encoder (444 visible of 512) now runs the Pallas kernel through
+  Mosaic, padded to 512, as its decoder does; the compiled HLO holds the
+  kernel's three calls (forward, dK/dV, dQ) for each of the 3 layers. FLOPs
+  agree with the model; fsdp over the 4 chips holds a quarter of the state."""
+  config = plan_config("maelm", seq_len=512, batch_size=32,
+                       **{"model.attention_dropout": 0.0, "mesh_shape": (1, 4, 1)})
+  status, result, lines = plan.run(config, "v5e:2x2", out=str(tmp_path))
+  assert status == 0 and result["fits"], lines
+  assert result["chips"] == 4 and result["chip_kind"] == "TPU v5 lite"
+  assert result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert result["attention"]["encoder"]["implementation"] == "tpu_flash"
+  assert result["attention"]["encoder"]["q_len"] == 444
+  assert result["attention"]["encoder"]["kernel_lengths"] == [512, 512]
+  assert result["attention"]["decoder"]["implementation"] == "tpu_flash"
+  layers = 2 + 1  # tiny: 2 encoder layers, 1 decoder layer.
+  assert result["tpu_custom_calls"]["per_step"] == 3 * layers
+  # XLA counts the kernels' forward, not their backward: added from the model.
+  assert any("Pallas" in note for note in result["xla_flops_notes"])
+  ratio = result["xla_flops_per_chip"] / result["model_flops_per_chip"]
+  assert 0.9 < ratio < 1.1, ratio
+  built = plan.build(config, plan.topology_devices("v5e:2x2")[0])
+  unsharded = sum(x.size * x.dtype.itemsize
+                  for x in jax.tree.leaves(built.program.abstract_state))
+  # The state's shards: a quarter of it, but for the small replicated leaves
+  # (biases, LayerNorms).
+  assert abs(result["state_bytes_per_chip"] / (unsharded / 4) - 1) < 0.1
+  # What the compiler allocates for them adds the TPU's tiled layouts: a 64-wide
+  # head dimension fills 128 lanes (measured: 6.11 MB against 5.33, +14.7%).
+  arguments = result["bytes_per_chip"]["arguments"]
+  assert abs(arguments / (unsharded / 4) - 1) < 0.2, (arguments, unsharded)
+  padding = result["bytes_per_chip"]["layout_padding"]
+  assert 0 < padding < 0.2 * arguments
+  assert result["collectives"]["all-gather"]["count"] > 0  # fsdp gathers params.
+  written = (tmp_path / "plan.json").read_text()
+  for key in plan.PLAN_KEYS:
+    assert f'"{key}"' in written
+
+
+@needs_libtpu
+def test_a_config_that_cannot_fit_is_refused_with_a_knob_and_its_plan():
+  """large, batch 4096 x 512 on 4 v5e chips, no fsdp: the compiler runs out of
+  HBM; the answer is exit 3 and at most 5 lines naming the knob that fits,
+  compiled to check it."""
+  result = run_plan_cli("--config=configs/pretrain.py:objective=mlm,size=large",
+                        "--topology=v5e:2x2", "--config.batch_size=4096",
+                        "--config.seq_len=512", "--config.model.scan_layers=True")
+  assert result.returncode == plan.NOT_FIT_EXIT, result.stderr[-3000:]
+  lines = result.stdout.strip().splitlines()
+  assert 2 <= len(lines) <= 5, lines
+  assert lines[0].startswith("does not fit:")
+  assert "--config.grad_accum_steps=" in result.stdout
+  fits = [line for line in lines if line.startswith("first that fits:")]
+  assert fits and "s/step" in fits[0], lines
+
+
+def test_missing_libtpu_and_a_misspelt_topology_get_one_line_each():
+  no_libtpu = ("import importlib.util as u, runpy, sys; find = u.find_spec; "
+               "u.find_spec = lambda n, *a: None if n == 'libtpu' else find(n, *a); "
+               "sys.argv = ['plan', '--config=configs/pretrain.py', "
+               "'--topology=v5e:2x2']; runpy.run_module('maelm_jax.plan', "
+               "run_name='__main__')")
+  result = subprocess.run([sys.executable, "-c", no_libtpu], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 1
+  lines = user_lines(result.stderr)
+  assert len(lines) == 1, result.stderr
+  if LINUX_X86:
+    assert f"pip install 'jax[tpu]=={jax.__version__}'" in lines[0]
+  else:
+    assert "Linux x86-64 only" in lines[0]
+  result = run_plan_cli("--config=configs/pretrain.py", "--topology=v5e-4x4")
+  assert result.returncode == 1
+  lines = user_lines(result.stderr)
+  assert len(lines) == 1 and "unknown topology 'v5e-4x4'" in lines[0], result.stderr
+  assert "v5e:4x4" in lines[0] and "v5litepod-16" in lines[0]
+
+
+def test_libtpu_elsewhere_than_linux_x86_is_said_in_one_line(monkeypatch):
+  monkeypatch.setattr(plan.importlib.util, "find_spec", lambda name: None)
+  monkeypatch.setattr(plan.platform, "system", lambda: "Darwin")
+  monkeypatch.setattr(plan.platform, "machine", lambda: "arm64")
+  message = plan.libtpu_problem()
+  assert "Linux x86-64 only" in message and "Darwin arm64" in message
+  assert "\n" not in message
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("v5e:4x4", "v5e:4x4"), ("v5litepod-16", "v5e:4x4"), ("v5litepod-8", "v5e:2x4"),
+    ("v5litepod-256", "v5e:16x16"), ("v5e-4", "v5e:2x2"), ("v6e-16", "v6e:4x4"),
+    ("v4-8", "v4:2x2x1"), ("v4-16", "v4:2x2x2"), ("v4-32", "v4:2x2x4"),
+    ("v4-64", "v4:2x4x4"), ("v5p-8", "v5p:2x2x1"), ("v5p-128", "v5p:4x4x4"),
+    ("V5P-256", "v5p:4x4x8"),
+])
+def test_accelerator_types_map_to_topologies(name, expected):
+  assert plan.topology_name(name) == expected
+
+
+@pytest.mark.parametrize("name", ["v5e-16x", "v7:2x2", "v5litepod-12", "tpu"])
+def test_unknown_topologies_name_the_accepted_forms(name):
+  with pytest.raises(plan.PlanError, match="v5litepod-16"):
+    plan.topology_name(name)
+
+
+# ------------------------------------------------------ One code path --
+
+
+def spy(monkeypatch, module, name):
+  """Records every call of module.name (and its return value)."""
+  original, calls = getattr(module, name), []
+
+  def recorded(*args, **kwargs):
+    calls.append(original(*args, **kwargs))
+    return calls[-1]
+
+  monkeypatch.setattr(module, name, recorded)
+  return calls
+
+
+def test_the_plan_and_the_pretraining_run_build_their_step_in_one_function(
+    tmp_path, monkeypatch):
+  calls = spy(monkeypatch, train_lib, "pretrain_program")
+  config = tiny_config("mlm", **{"data.source": "pydoc:", "data.eval_fraction": 0.05,
+                                 "tokenizer.vocab_size": 600, "total_steps": 1,
+                                 "eval_batches": 1, "log_every": 1})
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert len(calls) == 1  # The run's step came from it...
+  built = plan.build(config, jax.devices()[:4])
+  assert len(calls) == 2 and built.program is calls[1]  # ...and the plan's.
+  assert built.model_cfg.vocab_size == config.tokenizer.vocab_size
+
+
+def test_the_plan_and_the_finetuning_run_build_their_step_in_one_function(
+    tmp_path, monkeypatch, pretrained):  # noqa: F811
+  calls = spy(monkeypatch, finetune_run, "finetune_program")
+  data = write_sst2(tmp_path / "SST-2", num_train=32, num_dev=16)
+  config = glue_test_config("sst2", pretrained, data)
+  finetune_run.run(config, str(tmp_path / "sst2"))
+  assert len(calls) == 1
+  built = plan.build(config, jax.devices()[:4])  # The model of init_from.
+  assert len(calls) == 2 and built.program is calls[1]
+  assert set(built.program.batch) == {"input_ids", "label"}
+  with config.unlocked():
+    config.init_from = ""
+  sized = plan.build(config, jax.devices()[:4], size="small", vocab_size=1000)
+  assert sized.model_cfg.num_layers == 4 and sized.model_cfg.vocab_size == 1000
+
+
+@needs_libtpu
+def test_the_kernel_rules_follow_the_mesh_devices_not_the_host():
+  """On this CPU host, a step traced for TPU chips decides its attention for the
+  TPU: `auto` takes the kernel, at any length (it pads)."""
+  cfg = train.pretraining_model_config(tiny_config("maelm", **{
+      "model.attention_dropout": 0.0, "model.dtype": "bfloat16"}), 100, 4)
+  assert cfg.attention_backend(False, 444, 444) == "xla"  # This host: a CPU.
+  tpu_mesh = sharding.make_mesh((-1, 1, 1), plan.topology_devices("v5e:2x2")[0])
+  with attention.kernel_mesh(tpu_mesh):
+    assert attention.target_platform() == "tpu"
+    assert cfg.attention_backend(False, 444, 444) == "tpu_flash"
+    assert cfg.attention_backend(True, 512, 512) == "xla"  # Attention dropout.
+  with attention.kernel_mesh(sharding.make_mesh((-1, 1, 1), jax.devices()[:2])):
+    assert attention.target_platform() == "cpu"
+
+
+# ------------------------------------------------------------ HLO text --
+
+LOOPED = """\
+HloModule m
+
+%cond (p: (s32[], f32[1024])) -> pred[] {
+  %p = (s32[], f32[1024]{0}) parameter(0)
+  %c = s32[]{:T(128)} constant(12)
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+%body (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %p = (s32[], f32[1024]{0}) parameter(0)
+  %x = f32[1024]{0} get-tuple-element(%p), index=1
+  %ar = f32[1024]{0} all-reduce(%x), channel_id=1, replica_groups=[1,4]<=[4], to_apply=%add
+  %k = (bf16[2,128]{1,0}) custom-call(%x), custom_call_target="tpu_custom_call"
+  ROOT %t = (s32[], f32[1024]{0}) tuple(%i, %ar)
+}
+
+ENTRY %main (a: f32[1024]) -> f32[1024] {
+  %a = f32[1024]{0} parameter(0)
+  %ag = bf16[64,1024]{1,0} all-gather(%a), replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, dimensions={0}
+  %w = (s32[], f32[1024]{0}) while(%t0), condition=%cond, body=%body
+  ROOT %r = f32[1024]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collectives_and_kernels_inside_a_loop_count_once_per_iteration():
+  stats = hlo_stats.analyze(LOOPED, num_devices=8)
+  assert stats.loop_trip_counts == [12]
+  assert stats.collectives["all-reduce"]["count"] == 12
+  assert stats.collectives["all-reduce"]["bytes"] == 12 * 4096
+  # A ring of 4 sends 2 x 3/4 of the array per all-reduce.
+  assert stats.collectives["all-reduce"]["ring_bytes"] == pytest.approx(12 * 6144)
+  assert stats.collectives["all-gather"] == {
+      "count": 1, "bytes": 64 * 1024 * 2, "ring_bytes": 0.75 * 64 * 1024 * 2}
+  assert stats.kernel_calls == 12 and stats.kernel_calls_in_text == 1
+  assert stats.largest_buffers[0][:2] == (131072, "bf16[64,1024]")
