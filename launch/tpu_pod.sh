@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # Runs maelm_jax on every worker of a Cloud TPU VM (pod slice) through gcloud.
 #
-#   launch/tpu_pod.sh --tpu=NAME --zone=ZONE [--project=PROJECT] [--skip_copy]
-#                     [--skip_install] [--detach] [--no_jemalloc] [--dry_run]
-#                     -- <arguments of maelm_jax.main>
+#   launch/tpu_pod.sh --tpu=NAME --zone=ZONE [--project=PROJECT] [--topology=T]
+#                     [--skip_plan] [--skip_copy] [--skip_install] [--detach]
+#                     [--no_jemalloc] [--dry_run] -- <arguments of maelm_jax.main>
+#
+# Step 0, on this machine, before any worker is touched: the plan
+# (python -m maelm_jax.plan) compiles the run's train step for the pod's chips
+# and refuses a config that does not fit their memory (exit 3, with the knobs
+# that would). The topology is --topology (v5e:4x4, or an accelerator type such
+# as v5litepod-16), else the TPU's accelerator type from `gcloud compute tpus
+# tpu-vm describe`. The plan needs libtpu here (pip install -e '.[tpu]', Linux
+# x86-64); it runs with $MAELM_PLAN_PYTHON, else this repository's .venv, else
+# python3. --skip_plan leaves it out; --dry_run prints it.
 #
 # Steps, each a gcloud command over all workers (--worker=all, in parallel):
 #   1. copy this repository (without .venv, workdirs, .git, caches) to ~/maelm-jax
@@ -55,17 +64,21 @@ skip_copy=0
 skip_install=0
 detach=0
 use_jemalloc=1
+topology=""
+skip_plan=0
 
 while (($#)); do
   case "$1" in
     --tpu=*) tpu="${1#*=}" ;;
     --zone=*) zone="${1#*=}" ;;
     --project=*) project="${1#*=}" ;;
-    --tpu | --zone | --project)
+    --topology=*) topology="${1#*=}" ;;
+    --tpu | --zone | --project | --topology)
       (($# >= 2)) || die "$1 needs a value"
       declare "${1#--}=$2"
       shift
       ;;
+    --skip_plan | --skip-plan) skip_plan=1 ;;
     --skip_copy) skip_copy=1 ;;
     --skip_install) skip_install=1 ;;
     --detach) detach=1 ;;
@@ -102,6 +115,48 @@ fi
 
 gcloud_tail=(--zone="$zone")
 [[ -n "$project" ]] && gcloud_tail+=(--project="$project")
+
+# Step 0: the plan, here, before any worker is touched.
+if ((!skip_plan)); then
+  if [[ -z "$topology" ]]; then
+    command -v gcloud > /dev/null || die "gcloud not found, so the TPU's topology is unknown; pass --topology=v5e:4x4 (or its accelerator type, e.g. v5litepod-16), or --skip_plan"
+    topology="$(gcloud compute tpus tpu-vm describe "$tpu" "${gcloud_tail[@]}" --format='value(acceleratorType)')" \
+      || die "could not read the accelerator type of TPU $tpu (above); pass --topology=v5e:4x4 (or e.g. v5litepod-16), or --skip_plan"
+    [[ -n "$topology" ]] || die "gcloud gave no accelerator type for TPU $tpu; pass --topology=v5e:4x4, or --skip_plan"
+  fi
+  plan_python="${MAELM_PLAN_PYTHON:-}"
+  if [[ -z "$plan_python" ]]; then
+    if [[ -x "$REPO/.venv/bin/python" ]]; then plan_python="$REPO/.venv/bin/python"; else plan_python=python3; fi
+  fi
+  plan_args=()  # maelm_jax.main's arguments the plan takes: --config and its overrides.
+  for ((k = 0; k < ${#main_args[@]}; k++)); do
+    case "${main_args[k]}" in
+      --workdir | -workdir) k=$((k + 1)) ;;
+      --workdir=* | -workdir=* | --verbose | --noverbose) ;;
+      *) plan_args+=("${main_args[k]}") ;;
+    esac
+  done
+  echo "tpu_pod.sh: planning the run for $topology on this machine ($plan_python -m maelm_jax.plan)..." >&2
+  set +e
+  plan_out="$(cd "$REPO" && "$plan_python" -m maelm_jax.plan --topology="$topology" "${plan_args[@]}" 2> "${TMPDIR:-/tmp}/maelm-plan.$$.err")"
+  plan_status=$?
+  set -e
+  plan_err="$(grep -E '^(plan|error)' "${TMPDIR:-/tmp}/maelm-plan.$$.err" || true)"
+  rm -f "${TMPDIR:-/tmp}/maelm-plan.$$.err"
+  if ((plan_status == 3)); then
+    printf '%s\n' "$plan_out" >&2
+    echo "tpu_pod.sh: this config does not fit $topology (above); nothing was launched. Change it, or pass --skip_plan" >&2
+    exit 3
+  elif ((plan_status != 0)); then
+    [[ -n "$plan_err" ]] && printf '%s\n' "$plan_err" >&2
+    die "the plan failed (exit $plan_status; above); fix it, or pass --skip_plan to launch without it"
+  fi
+  if ((dry_run)); then
+    printf '%s\n' "$plan_out" | sed 's/^/# /'
+  else
+    printf '%s\n' "$plan_out" >&2
+  fi
+fi
 gcloud_tail+=(--worker=all)
 
 stage="${TMPDIR:-/tmp}/maelm-jax-stage.$$"

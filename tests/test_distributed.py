@@ -341,9 +341,78 @@ def test_local_usage_errors(args, message):
   assert message in out.stderr
 
 
+@pytest.fixture
+def fake_cloud(tmp_path):
+  """A `gcloud` on PATH that says the TPU is a v5litepod-16 (and logs its calls),
+  and a planner stand-in (MAELM_PLAN_PYTHON) that logs its arguments, prints a
+  plan and exits with $FAKE_PLAN_EXIT: the planner itself is tested in
+  test_plan.py; here, what the launcher does with its answer."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  gcloud = bin_dir / "gcloud"
+  gcloud.write_text('#!/bin/sh\necho "$@" >> "$FAKE_LOG.gcloud"\n'
+                    'case "$*" in *describe*) echo v5litepod-16 ;; esac\n')
+  planner = bin_dir / "plan-python"
+  planner.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$FAKE_LOG.plan"\n'
+                     'echo "plan: v5e:4x4 (16 x TPU v5 lite), fits"\n'
+                     'echo "  estimate 1.0 ms/step"\nexit ${FAKE_PLAN_EXIT:-0}\n')
+  for script in (gcloud, planner):
+    script.chmod(0o755)
+  log = tmp_path / "log"
+  env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MAELM_PLAN_PYTHON": str(planner),
+         "FAKE_LOG": str(log)}
+  return env, log
+
+
+def test_tpu_pod_plans_for_the_tpus_own_topology_before_launching(fake_cloud):
+  env, log = fake_cloud
+  out = run_script([TPU_POD_SH, "--tpu=my-pod", "--zone=z", "--dry_run", "--",
+                    *MAIN_ARGS, "--workdir=/mnt/shared/run", "--verbose"], env=env)
+  assert out.returncode == 0, out.stderr
+  describe = open(f"{log}.gcloud").read().split()
+  assert describe[:5] == ["compute", "tpus", "tpu-vm", "describe", "my-pod"]
+  assert "--worker=all" not in describe
+  planned = open(f"{log}.plan").read().split("\n")
+  assert planned[:3] == ["-m", "maelm_jax.plan", "--topology=v5litepod-16"]
+  assert planned[3:6] == MAIN_ARGS  # The run's config; not its workdir or --verbose.
+  assert not any("workdir" in a or "verbose" in a for a in planned)
+  # The dry run prints the plan (as comments), then the commands.
+  assert "# plan: v5e:4x4 (16 x TPU v5 lite), fits" in out.stdout.splitlines()
+  assert commands(out.stdout)[-1][:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]
+  # --topology: gcloud is not asked; --skip_plan: no plan at all.
+  os.remove(f"{log}.gcloud")
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--topology=v4-16", "--dry_run",
+                    "--", *MAIN_ARGS, "--workdir=/w"], env=env)
+  assert out.returncode == 0 and not os.path.exists(f"{log}.gcloud")
+  assert "--topology=v4-16" in open(f"{log}.plan").read()
+  os.remove(f"{log}.plan")
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--topology=v4-16", "--skip_plan",
+                    "--dry_run", "--", *MAIN_ARGS, "--workdir=/w"], env=env)
+  assert out.returncode == 0 and not os.path.exists(f"{log}.plan")
+  assert "# plan:" not in out.stdout
+
+
+def test_tpu_pod_refuses_a_config_the_plan_says_does_not_fit(fake_cloud):
+  env, _ = fake_cloud
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--", *MAIN_ARGS,
+                    "--workdir=/w"], env={**env, "FAKE_PLAN_EXIT": "3"})
+  assert out.returncode == 3
+  assert out.stdout == ""  # No command ran, no worker was touched.
+  assert "plan: v5e:4x4" in out.stderr and "nothing was launched" in out.stderr
+  # A plan that cannot run (no libtpu here) stops the launch too, naming --skip_plan.
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--", *MAIN_ARGS,
+                    "--workdir=/w"], env={**env, "FAKE_PLAN_EXIT": "1"})
+  assert out.returncode == 2 and out.stdout == ""
+  assert "--skip_plan" in out.stderr
+  # No gcloud and no --topology: said before anything runs.
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--", *MAIN_ARGS,
+                    "--workdir=/w"], env={"PATH": "/usr/bin:/bin"})
+  assert out.returncode == 2 and "--topology=v5e:4x4" in out.stderr
+
+
 def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   out = run_script([TPU_POD_SH, "--tpu=my-v4-32", "--zone=us-central2-b",
-                    "--project=my-proj", "--dry_run", "--", *MAIN_ARGS,
+                    "--project=my-proj", "--skip_plan", "--dry_run", "--", *MAIN_ARGS,
                     "--workdir=/mnt/shared/run"])
   assert out.returncode == 0, out.stderr
   lines = commands(out.stdout)
@@ -374,7 +443,7 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
 
 
 def test_tpu_pod_relaunch_and_errors():
-  out = run_script([TPU_POD_SH, "--tpu", "t", "--zone", "z", "--skip_copy",
+  out = run_script([TPU_POD_SH, "--tpu", "t", "--zone", "z", "--skip_plan", "--skip_copy",
                     "--skip_install", "--detach", "--dry_run", "--", "--workdir=/w"])
   assert out.returncode == 0, out.stderr
   lines = commands(out.stdout)
@@ -382,8 +451,8 @@ def test_tpu_pod_relaunch_and_errors():
   assert "nohup" in lines[0][-1] and "~/maelm-jax.log" in lines[0][-1]
   # A workdir the next launch's `rm -rf ~/maelm-jax` would delete is refused.
   for workdir in ("rel", "/home/me/maelm-jax/run", "/home/me/maelm-jax"):
-    out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--",
-                      f"--workdir={workdir}"])
+    out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_plan", "--dry_run",
+                      "--", f"--workdir={workdir}"])
     assert out.returncode == 2 and "deletes" in out.stderr, (workdir, out.stderr)
     assert out.stdout == ""  # Nothing printed to run.
   out = run_script([TPU_POD_SH, "--zone=z", "--dry_run", "--", "--workdir=/w"])
@@ -464,7 +533,8 @@ def test_slurm_preloads_jemalloc_into_the_tasks(fake_jemalloc):
 
 
 def test_tpu_pod_installs_and_preloads_jemalloc_on_each_worker(fake_jemalloc, tmp_path):
-  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_copy", "--dry_run", "--",
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_plan", "--skip_copy",
+                    "--dry_run", "--",
                     "--workdir=/w"])
   assert out.returncode == 0, out.stderr
   install, run = (w[-1][len("--command="):] for w in commands(out.stdout))
@@ -490,7 +560,8 @@ def test_tpu_pod_installs_and_preloads_jemalloc_on_each_worker(fake_jemalloc, tm
                          env=env, timeout=60)
   assert shown.returncode == 0 and shown.stdout.strip() == "LD_PRELOAD="
   assert "not in this code copy" in shown.stderr
-  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_copy", "--no_jemalloc",
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_plan", "--skip_copy",
+                    "--no_jemalloc",
                     "--dry_run", "--", "--workdir=/w"])
   assert "jemalloc" not in out.stdout
 
