@@ -306,26 +306,35 @@ def _cost(built: Built) -> tuple[float, float]:
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
-def one_more_layer(built: Built, devices) -> dict[str, tuple[float, float]]:
+def one_more_layer(built: Built, devices) -> tuple[dict, int]:
   """XLA's (FLOPs, bytes) per chip of one more layer of each stack of a scanned
-  pretraining step, per microbatch: the difference between small unscanned
-  compiles of the same step with one and two layers in that stack. XLA's cost
-  analysis counts a scanned stack's loop body once; this is what each further
-  iteration costs, by XLA's own count."""
+  pretraining step, per microbatch, and the batch it was measured at. XLA's
+  cost analysis counts a scanned stack's loop body once; this is what each
+  further iteration costs by XLA's own count: the difference between small
+  unscanned compiles of the same step with one and two layers in that stack, at
+  the microbatch (at half of it, scaled by 2, where that does not compile)."""
   config = built.config
   micro = built.batch_size // built.grad_accum_steps
-  one = {"model.scan_layers": False, "model.num_layers": 1, "batch_size": micro,
-         "grad_accum_steps": 1, "total_flops": 0.0}
+  dp = built.mesh.shape["data"] * built.mesh.shape["fsdp"]
   stacks = {"encoder": "model.num_layers"}
+  one = {"model.scan_layers": False, "model.num_layers": 1, "grad_accum_steps": 1,
+         "total_flops": 0.0}
   if built.model_cfg.decoder_type != "none":
     stacks["decoder"] = "model.decoder_layers"
     one["model.decoder_layers"] = 1
-  base = _cost(build(_with(config, one), devices))
-  out = {}
-  for stack, key in stacks.items():
-    more = _cost(build(_with(config, {**one, key: 2}), devices))
-    out[stack] = (more[0] - base[0], more[1] - base[1])
-  return out
+  batch = micro
+  while True:
+    try:
+      base = _cost(build(_with(config, {**one, "batch_size": batch}), devices))
+      out = {}
+      for stack, key in stacks.items():
+        more = _cost(build(_with(config, {**one, "batch_size": batch, key: 2}), devices))
+        out[stack] = tuple((m - b) * micro / batch for m, b in zip(more, base))
+      return out, batch
+    except Exception as error:  # pylint: disable=broad-except
+      if "RESOURCE_EXHAUSTED" not in str(error) or batch // 2 < dp or (batch // 2) % dp:
+        raise
+      batch //= 2
 
 
 def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> dict:
@@ -406,12 +415,15 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
   attention_parts = flops.attention_flops_per_sequence(model_cfg, built.seq_len)
   notes, added_flops, added_bytes = [], 0.0, 0.0
   if model_cfg.scan_layers and built.config is not None:
-    for stack, (layer_flops, layer_bytes) in one_more_layer(built, devices).items():
+    layer_costs, probed = one_more_layer(built, devices)
+    for stack, (layer_flops, layer_bytes) in layer_costs.items():
       further = _stack_layers(model_cfg, stack) - 1
       added_flops += further * layer_flops
       added_bytes += further * layer_bytes
     notes.append("scanned layers: each stack's further iterations by XLA's count of "
-                 "one more layer (unscanned compiles of 1 and 2 layers)")
+                 "one more layer (unscanned compiles of 1 and 2 layers"
+                 + (f", at batch {probed} scaled to the microbatch)"
+                    if probed != micro else ")"))
   elif model_cfg.scan_layers:
     notes.append("scanned layers: XLA counts one layer of each stack")
   kernel_sites = [s for s, v in sites.items() if v["implementation"] == "tpu_flash"]
@@ -473,7 +485,6 @@ def knobs(config, result: dict) -> list[tuple[dict, float | None]]:
   (gradient accumulation, fsdp over the slice, a remat policy, scanned layers),
   then a smaller batch. Estimates: temporaries scale with the microbatch,
   the state with its shards."""
-  from maelm_jax import sharding  # pylint: disable=g-import-not-at-top
   used = result["bytes_per_chip"]
   budget = result["hbm_bytes_per_chip"] * (1 - MARGIN)
   state = result["state_bytes_per_chip"]
@@ -494,12 +505,11 @@ def knobs(config, result: dict) -> list[tuple[dict, float | None]]:
       if estimate <= budget or (batch // (accum * 2)) % dp:
         out.append(({"grad_accum_steps": accum}, estimate))
         break
-  if mesh["fsdp"] < chips and mode == "pretrain":
-    fsdp = ({"mesh_shape": (1, chips, mesh["tensor"] if chips % mesh["tensor"] == 0 else 1)})
+  if mesh["fsdp"] * mesh["tensor"] < chips and mode == "pretrain":
+    # fsdp over every chip the tensor axis leaves: the state in 1/chips shards.
+    fsdp = {"mesh_shape": (1, chips // mesh["tensor"], mesh["tensor"])}
     shards = mesh["fsdp"] * mesh["tensor"]
-    new_shards = chips
-    estimate = rest - 2 * state + 2 * state * shards / new_shards + temporaries
-    out.append((fsdp, estimate))
+    out.append((fsdp, rest - state + state * shards / chips + temporaries))
   model = config.get("model") if mode == "pretrain" else None
   if model is not None and model.get("remat_policy", "none") != "full":
     out.append(({"model.remat_policy": "full"}, None))
@@ -513,7 +523,6 @@ def knobs(config, result: dict) -> list[tuple[dict, float | None]]:
       break
   if smaller < batch:
     out.append(({"batch_size": smaller}, rest + per_row * smaller))
-  del sharding
   return out
 
 

@@ -201,7 +201,10 @@ def state_layout(init_boxed_params, init_state, tx, mesh, *init_args):
   rng, counters) replicated. `init_args` may be `jax.ShapeDtypeStruct`s.
   Returns (abstract_state with shardings, state_shardings).
   """
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+  # Under the kernel mesh, as the steps are: init traces attention too, and its
+  # kernel rules are the mesh's platform's (plan.py traces for TPU on a CPU).
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
+      attention.kernel_mesh(mesh):
     abstract_boxed = jax.eval_shape(init_boxed_params, jax.random.PRNGKey(0))
     param_specs = nn.get_partition_spec(abstract_boxed)
     abstract = jax.eval_shape(init_state, jnp.uint32(0), *init_args)
@@ -222,7 +225,8 @@ def build_state(init_state, shardings, mesh, seed: int, *init_args):
   `shardings`, so each device creates only its own shards and no parameter is
   ever whole on one device. `init_args` must already be placed (their shardings
   are kept)."""
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
+      attention.kernel_mesh(mesh):
     return jax.jit(init_state, out_shardings=shardings)(jnp.uint32(seed), *init_args)
 
 

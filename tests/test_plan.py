@@ -86,6 +86,22 @@ def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_
 
 
 @needs_libtpu
+@pytest.mark.parametrize("topology,kind", [("v4:2x2x1", "TPU v4"),
+                                           ("v5p:2x2x1", "TPU v5")])
+def test_the_kernel_asked_for_by_name_compiles_for_v4_and_v5p(topology, kind):
+  """`attention_impl=tpu_flash` (which insists on the kernel) through Mosaic for
+  megacore chips too: every layer's three kernel calls in the program."""
+  config = plan_config("maelm", seq_len=256, batch_size=8,
+                       **{"model.attention_dropout": 0.0,
+                          "model.attention_impl": "tpu_flash"})
+  status, result, lines = plan.run(config, topology)
+  assert status == 0, lines
+  assert result["chip_kind"] == kind and result["chips"] == 4
+  assert {v["implementation"] for v in result["attention"].values()} == {"tpu_flash"}
+  assert result["tpu_custom_calls"]["per_step"] == 3 * (2 + 1)
+
+
+@needs_libtpu
 def test_a_config_that_cannot_fit_is_refused_with_a_knob_and_its_plan():
   """large, batch 4096 x 512 on 4 v5e chips, no fsdp: the compiler runs out of
   HBM; the answer is exit 3 and at most 5 lines naming the knob that fits,

@@ -48,8 +48,8 @@ import optax
 import orbax.checkpoint as ocp
 
 from maelm_jax import config_defaults as defaults
-from maelm_jax import (checkpoints, config_lib, metric_writers, run_session, sharding,
-                       train_lib, workdir as workdir_lib)
+from maelm_jax import (attention, checkpoints, config_lib, metric_writers, run_session,
+                       sharding, train_lib, workdir as workdir_lib)
 from maelm_jax.finetune import heads
 from maelm_jax.finetune.tasks import GlueProblem, SquadProblem
 
@@ -159,7 +159,8 @@ def abstract_state(model: nn.Module, max_seq_len: int, tx, mesh):
   """The fine-tuning state's shapes and shardings, nothing allocated and nothing
   read (what resume restores into). Returns (abstract_state, state_shardings)."""
   init_boxed, init = _state_init(model, max_seq_len, tx)
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
+      attention.kernel_mesh(mesh):
     backbone = nn.meta.unbox(jax.eval_shape(init_boxed, jax.random.PRNGKey(0)))["backbone"]
   return train_lib.state_layout(init_boxed, init, tx, mesh, backbone)
 
