@@ -1,0 +1,185 @@
+r"""The table users plan TPU runs from: for each objective and size at length 512
+on each slice, the largest global batch that fits (fsdp over the slice) under
+the default remat policy and the most memory-saving one, with the plan's
+estimated step time, MFU and collectives at that batch.
+
+    pip install -e '.[tpu]'
+    python benchmarks/tpu_plan_table.py --out=benchmarks/tpu_plan_table.jsonl
+
+Every number is maelm_jax.plan's: the run's own step compiled by libtpu for the
+named chips on this CPU host, a compile-time model, not a measurement. The
+largest batch is found by bisection on the batch (a multiple of the slice's
+chips), starting from the linear estimate one compile gives: compile time, not
+a grid, is the cost (about 20-60 s a compile on 2 cores with scanned layers).
+Rows are appended to --out as each finishes, and a rerun skips the rows already
+there; --markdown prints the table from the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "configs"))
+
+from maelm_jax import plan  # noqa: E402  (sets the planner's environment first)
+import pretrain  # noqa: E402
+
+OBJECTIVES = {"mlm": {}, "maelm": {}, "3ml": {"model.decoder_type": "cross"}}
+REMAT = ("none", "full")  # The default, and the most memory-saving policy.
+
+
+def make_config(objective, size, batch, remat, chips, seq_len):
+  config = pretrain.get_config(f"objective={objective},size={size}")
+  config.unlock()
+  config.seq_len, config.batch_size = seq_len, batch
+  config.mesh_shape = (1, chips, 1)  # fsdp over the slice.
+  config.tokenizer.vocab_size = 32000  # A BERT-sized vocabulary.
+  config.model.scan_layers = True  # One compiled layer per stack: fast compiles.
+  config.model.remat_policy = remat
+  for key, value in OBJECTIVES[objective].items():
+    node = config
+    *parents, name = key.split(".")
+    for part in parents:
+      node = node[part]
+    node[name] = value
+  return config
+
+
+def try_batch(objective, size, batch, remat, devices, topology, seq_len,
+              estimate=False):
+  config = make_config(objective, size, batch, remat, len(devices), seq_len)
+  result = plan.plan_built(plan.build(config, devices), topology, devices,
+                           estimate=estimate)
+  gc.collect()
+  return result
+
+
+def largest_batch(objective, size, remat, devices, topology, seq_len, log):
+  """Bisection on the global batch (multiples of the chip count), from the
+  linear estimate one compile gives."""
+  chips = len(devices)
+  compiles = 0
+
+  def fits(batch):
+    nonlocal compiles
+    compiles += 1
+    started = time.perf_counter()
+    result = try_batch(objective, size, batch, remat, devices, topology, seq_len)
+    log(f"    batch {batch}: {'fits' if result['fits'] else 'no'} "
+        f"({result['bytes_per_chip']['total'] / 1e9:.1f} GB, "
+        f"{time.perf_counter() - started:.0f} s)")
+    return result
+
+  probe_batch = chips * 8
+  probe = fits(probe_batch)
+  if not probe["fits"]:
+    lo, best, hi = 0, None, probe_batch
+  else:
+    lo, best = probe_batch, probe
+    used = probe["bytes_per_chip"]
+    budget = probe["hbm_bytes_per_chip"] * (1 - plan.MARGIN)
+    per_row = used["temporaries"] / probe_batch
+    guess = int((budget - (used["total"] - used["temporaries"])) / per_row)
+    guess = max(probe_batch, guess // chips * chips)
+    hi = None
+    while hi is None:  # Up from the guess until a batch does not fit.
+      result = fits(guess)
+      if result["fits"]:
+        lo, best, guess = guess, result, max(guess + chips, int(guess * 1.25) // chips * chips)
+      else:
+        hi = guess
+  # To a multiple of the chips, or within 1/16: compiled memory is not quite
+  # monotonic in the batch (XLA schedules each program anew), so finer is noise.
+  while hi - lo > max(chips, lo // 16):
+    middle = (lo + hi) // 2 // chips * chips
+    if middle in (lo, hi):
+      break
+    result = fits(middle)
+    if result["fits"]:
+      lo, best = middle, result
+    else:
+      hi = middle
+  if lo:  # The estimate (step time, MFU) at the batch found.
+    try:
+      best = try_batch(objective, size, lo, remat, devices, topology, seq_len,
+                       estimate=True)
+    except Exception as error:  # pylint: disable=broad-except
+      log(f"    no estimate at batch {lo}: {str(error).splitlines()[0][:200]}")
+  return lo, best, compiles
+
+
+def markdown(rows) -> list[str]:
+  lines = ["| objective | size | slice | remat | largest batch | memory/chip | "
+           "est. step | est. tokens/s | est. MFU | collectives per step |",
+           "|---|---|---|---|--:|--:|--:|--:|--:|---|"]
+  for row in rows:
+    if not row["batch"] or "step_seconds" not in row:
+      lines.append(f"| {row['objective']} | {row['size']} | {row['topology']} | "
+                   f"{row['remat']} | {row['batch'] or 'none fits'} | | | | | |")
+      continue
+    collectives = ", ".join(f"{k} {v['count']}" for k, v in row["collectives"].items())
+    lines.append(
+        f"| {row['objective']} | {row['size']} | {row['topology']} | {row['remat']} | "
+        f"{row['batch']} | {row['bytes_per_chip'] / 1e9:.1f} GB | "
+        f"{row['step_seconds'] * 1e3:.0f} ms | {row['tokens_per_second']:,.0f} | "
+        f"{row['mfu']:.0%} | {collectives} |")
+  return lines
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--out", default="benchmarks/tpu_plan_table.jsonl")
+  parser.add_argument("--objectives", default="mlm,maelm,3ml")
+  parser.add_argument("--sizes", default="base,large")
+  parser.add_argument("--topologies", default="v5e:4x4,v5p:2x2x1")
+  parser.add_argument("--remat", default=",".join(REMAT))
+  parser.add_argument("--seq_len", type=int, default=512)
+  parser.add_argument("--markdown", action="store_true",
+                      help="print the table from --out and exit")
+  args = parser.parse_args()
+  out = pathlib.Path(args.out)
+  rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+  if args.markdown:
+    print("\n".join(markdown(rows)))
+    return
+  done = {(r["objective"], r["size"], r["topology"], r["remat"]) for r in rows}
+  log = lambda text: print(text, flush=True)
+  slices = [plan.topology_devices(t) for t in args.topologies.split(",")]
+  for size in args.sizes.split(","):
+    for objective in args.objectives.split(","):
+      for devices, name in slices:
+        for remat in args.remat.split(","):
+          if (objective, size, name, remat) in done:
+            continue
+          log(f"{objective} {size} {name} remat={remat}:")
+          started = time.perf_counter()
+          batch, best, compiles = largest_batch(objective, size, remat, devices, name,
+                                                args.seq_len, log)
+          row = {"objective": objective, "size": size, "topology": name,
+                 "remat": remat, "seq_len": args.seq_len, "batch": batch,
+                 "compiles": compiles,
+                 "search_seconds": round(time.perf_counter() - started)}
+          if best is not None and best.get("estimated_step_seconds"):
+            row.update({"bytes_per_chip": best["bytes_per_chip"]["total"],
+                        "step_seconds": best["estimated_step_seconds"],
+                        "tokens_per_second": best["estimated_tokens_per_second"],
+                        "mfu": best["estimated_mfu"], "bound_by": best["bound_by"],
+                        "collectives": best["collectives"],
+                        "attention": {k: v["implementation"]
+                                      for k, v in best["attention"].items()}})
+          with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+          log(f"  -> batch {batch} ({compiles} compiles, {row['search_seconds']} s)")
+          rows.append(row)
+  print("\n".join(markdown(rows)))
+
+
+if __name__ == "__main__":
+  main()
