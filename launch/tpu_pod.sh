@@ -12,7 +12,9 @@
 # as v5litepod-16), else the TPU's accelerator type from `gcloud compute tpus
 # tpu-vm describe`. The plan needs libtpu here (pip install -e '.[tpu]', Linux
 # x86-64); it runs with $MAELM_PLAN_PYTHON, else this repository's .venv, else
-# python3. --skip_plan leaves it out; --dry_run prints it.
+# python3. --skip_plan leaves it out (a fine-tuning run whose init_from is only on
+# the workers' shared disk needs it); --dry_run runs the plan here (minutes of
+# compiles) and prints it.
 #
 # Steps, each a gcloud command over all workers (--worker=all, in parallel):
 #   1. copy this repository (without .venv, workdirs, .git, caches) to ~/maelm-jax
@@ -29,7 +31,7 @@
 # --skip_copy / --skip_install leave out steps 1 / 2 (a relaunch of the same code).
 # --detach starts the run under nohup (log: ~/maelm-jax.log on each worker) and
 # returns, so a dropped ssh connection does not kill a long run.
-# --dry_run prints the exact commands and runs nothing.
+# --dry_run prints the exact commands and runs nothing on the workers.
 #
 # --workdir must be a filesystem every worker shares (a gcsfuse-mounted bucket,
 # Filestore/NFS): process 0 writes the tokenizer and metrics there and all
@@ -141,7 +143,7 @@ if ((!skip_plan)); then
   plan_out="$(cd "$REPO" && "$plan_python" -m maelm_jax.plan --topology="$topology" "${plan_args[@]}" 2> "${TMPDIR:-/tmp}/maelm-plan.$$.err")"
   plan_status=$?
   set -e
-  plan_err="$(grep -E '^(plan|error)' "${TMPDIR:-/tmp}/maelm-plan.$$.err" || true)"
+  plan_err="$(grep -E '^(plan|error)' "${TMPDIR:-/tmp}/maelm-plan.$$.err" || tail -n 20 "${TMPDIR:-/tmp}/maelm-plan.$$.err")"
   rm -f "${TMPDIR:-/tmp}/maelm-plan.$$.err"
   if ((plan_status == 3)); then
     printf '%s\n' "$plan_out" >&2

@@ -117,18 +117,16 @@ def _parse(text: str, num_devices: int):
         current.max_constant = max(current.max_constant, int(value[1]))
     base = op[:-len("-start")] if op.endswith("-start") else op
     if base in COLLECTIVES:
-      sizes = array_bytes(shape)
-      # An async start's tuple holds its operand and result: the result is
-      # the largest (all-gather) or the same size.
-      size = max(sizes) if op.endswith("-start") else sum(sizes)
-      current.collectives.append((base, size, group_size(line, num_devices)))
+      current.collectives.append((base, _result_bytes(op, shape),
+                                  group_size(line, num_devices)))
     if op == "custom-call" and KERNEL_TARGET in line:
       current.kernel_calls += 1
     if op == "while":
       body = re.search(r"body=%([\w.\-]+)", line)
       condition = re.search(r"condition=%([\w.\-]+)", line)
+      known = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
       if body and condition:
-        whiles.append((current, body[1], condition[1]))
+        whiles.append((current, body[1], condition[1], int(known[1]) if known else 0))
       continue
     for callee in _FUSED.findall(line):
       current.calls.append((callee, 1, False))
@@ -146,11 +144,34 @@ def _parse(text: str, num_devices: int):
         current.buffers.append((max(sizes), f"{dtype_shape[1]}[{dtype_shape[2]}]"
                                 if dtype_shape else shape, name[1] if name else op))
   trips = []
-  for caller, body, condition in whiles:
-    trip = max(computations.get(condition, _Computation()).max_constant, 1)
+  for caller, body, condition, known in whiles:
+    # XLA's own count where it wrote one; else the bound the condition compares
+    # the counter with (the largest integer constant it, or what it calls, holds).
+    trip = known or max(_constants(computations, condition), 1)
     caller.calls.append((body, trip, True))
     trips.append(trip)
   return computations, entry, trips
+
+
+def _constants(computations, name: str, depth: int = 0) -> int:
+  computation = computations.get(name)
+  if computation is None or depth > 8:
+    return 0
+  return max([computation.max_constant] + [
+      _constants(computations, callee, depth + 1) for callee, _, _ in computation.calls])
+
+
+def _result_bytes(op: str, shape: str) -> int:
+  """Bytes a collective produces. A synchronous one's shape is its result (a
+  tuple when XLA combined several); an async start's: all-reduce-start, the
+  results; all-gather-start, (operands, results), the results being the larger
+  half; collective-permute-start, (operand, result, contexts)."""
+  sizes = array_bytes(shape)
+  if not op.endswith("-start") or op == "all-reduce-start":
+    return sum(sizes)
+  if op == "collective-permute-start":
+    return max(sizes)
+  return sum(sorted(sizes)[len(sizes) // 2:])
 
 
 def analyze(text: str, num_devices: int) -> HloStats:

@@ -215,18 +215,22 @@ def _build_finetune(config, devices, size, vocab_size) -> Built:
              else SquadProblem(config, check_data=False))
   # The schedule's length does not change the compiled step's shapes.
   program = finetune_run.finetune_program(config, problem, model_cfg, 1000, mesh)
-  encoder_only = dataclasses.replace(model_cfg, decoder_type="none", mask_ratio=0.0)
+  # Fine-tuning runs the encoder alone on all L tokens: no decoder, no masks.
+  encoder_only = dataclasses.replace(model_cfg, decoder_type="none", mask_ratio=0.0,
+                                     drop_masked=False, random_replace_prob=0.0,
+                                     keep_prob=0.0)
   fwd = encoder_only.num_layers * flops._layer_flops(  # pylint: disable=protected-access
       config.max_seq_len, config.max_seq_len, model_cfg.hidden, model_cfg.mlp)
-  return Built(program, model_cfg, mesh, config.max_seq_len, config.batch_size, 1,
+  return Built(program, encoder_only, mesh, config.max_seq_len, config.batch_size, 1,
                3.0 * fwd * config.batch_size)
 
 
 # --------------------------------------------------------------------------
 # Compile and read the result.
 # --------------------------------------------------------------------------
-_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds "
-                  r"available HBM \(([\d.]+)([KMGT]?)\)")
+# libtpu's words for a step over the chip's memory (two forms seen).
+_OOM = (re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds"),
+        re.compile(r"Used ([\d.]+)([KMGT]?) of [\d.]+[KMGT]? hbm"))
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -353,7 +357,7 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
   except Exception as error:  # pylint: disable=broad-except
     if "RESOURCE_EXHAUSTED" not in str(error):
       raise
-    oom = str(error).strip().splitlines()[0]
+    oom = str(error).strip()
   compile_seconds = time.perf_counter() - started
   sites = _attention_by_site(choices)
   state_bytes = _shard_bytes(program.abstract_state)
@@ -370,10 +374,10 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
       "chip_constants": dataclasses.asdict(chip),
   }
   if compiled is None:
-    match = _OOM.search(oom)
+    match = next(filter(None, (pattern.search(oom) for pattern in _OOM)), None)
     temporaries = (float(match[1]) * _UNITS[match[2]]) if match else float("nan")
     result.update({
-        "compile_error": oom, "fits": False,
+        "compile_error": oom.splitlines()[0], "fits": False,
         "bytes_per_chip": {"arguments": state_bytes + batch_bytes,
                            "temporaries": temporaries, "outputs": state_bytes,
                            "code": 0, "total": state_bytes + batch_bytes + temporaries},
@@ -445,7 +449,7 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
   terms = {"flops": hardware_flops / chip.peak_flops,
            "hbm": hbm_traffic / chip.hbm_bandwidth,
            "collectives": ring / chip.interconnect_bandwidth}
-  step = max(terms.values())
+  step = max(max(terms.values()), 1e-9)  # XLA reported no cost at all: no estimate.
   result.update({
       "xla_flops_per_chip": hardware_flops,
       "xla_flops_counted_per_chip": counted_flops, "xla_flops_notes": notes,
@@ -463,14 +467,11 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
 # --------------------------------------------------------------------------
 def _with(config, overrides: dict):
   """A copy of `config` with dotted overrides."""
+  from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top
   copy = config.copy_and_resolve_references()
   with copy.unlocked():
     for key, value in overrides.items():
-      node = copy
-      *parents, name = key.split(".")
-      for part in parents:
-        node = node[part]
-      node[name] = value
+      config_lib.set_path(copy, key, value)
   return copy
 
 
@@ -494,30 +495,36 @@ def knobs(config, result: dict) -> list[tuple[dict, float | None]]:
   batch, chips = result["batch_size"], result["chips"]
   mesh = result["mesh"]
   dp = mesh["data"] * mesh["fsdp"]
+  accum = config.get("grad_accum_steps", 1)
   out = []
   if mode == "pretrain":
-    accum = config.grad_accum_steps
-    while (batch // (accum * 2)) % dp == 0 and batch % (accum * 2) == 0:
+    candidate = None
+    while batch % (accum * 2 * dp) == 0:
       accum *= 2
       # The accumulator of gradients: one more float32 copy of the params (a
       # third of params + Adam's two moments).
-      estimate = rest + temporaries * config.grad_accum_steps / accum + state / 3
-      if estimate <= budget or (batch // (accum * 2)) % dp:
-        out.append(({"grad_accum_steps": accum}, estimate))
+      candidate = ({"grad_accum_steps": accum},
+                   rest + temporaries * config.grad_accum_steps / accum + state / 3)
+      if candidate[1] <= budget:
         break
+    if candidate:  # The first that fits, or the most the batch allows.
+      out.append(candidate)
+    accum = config.grad_accum_steps
   if mesh["fsdp"] * mesh["tensor"] < chips and mode == "pretrain":
     # fsdp over every chip the tensor axis leaves: the state in 1/chips shards.
     fsdp = {"mesh_shape": (1, chips // mesh["tensor"], mesh["tensor"])}
     shards = mesh["fsdp"] * mesh["tensor"]
     out.append((fsdp, rest - state + state * shards / chips + temporaries))
   model = config.get("model") if mode == "pretrain" else None
-  if model is not None and model.get("remat_policy", "none") != "full":
+  remat = model is not None and (model.get("remat", False)
+                                 or model.get("remat_policy", "none") == "full")
+  if model is not None and not remat:
     out.append(({"model.remat_policy": "full"}, None))
     if not model.get("scan_layers", False):
       out.append(({"model.remat_policy": "full", "model.scan_layers": True}, None))
   per_row = temporaries / batch
   smaller = batch
-  while smaller % 2 == 0 and smaller // 2 >= dp and (smaller // 2) % dp == 0:
+  while smaller % 2 == 0 and (smaller // 2) % (dp * accum) == 0:
     smaller //= 2
     if rest + per_row * smaller <= budget:
       break
@@ -574,8 +581,8 @@ def refusal(config, result: dict, devices, size: str = "", vocab_size: int = 0,
     accum = overrides.get("grad_accum_steps")
     # The estimate assumed temporaries shrink with the microbatch; they shrank
     # less: try twice the accumulation next, if the batch divides.
-    if accum and (result["batch_size"] // (2 * accum)) % (
-        result["mesh"]["data"] * result["mesh"]["fsdp"]) == 0:
+    if accum and result["batch_size"] % (
+        2 * accum * result["mesh"]["data"] * result["mesh"]["fsdp"]) == 0:
       queue.insert(0, {**overrides, "grad_accum_steps": 2 * accum})
   if fitted:
     overrides, trial = fitted
