@@ -657,16 +657,21 @@ def run(config, topology: str, out: str = "", size: str = "",
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
-                                "configs/pretrain.py:objective=maelm,size=base",
-                                lock_config=True)
-flags.DEFINE_string("topology", None, "TPU slice: v5e:4x4, v4:2x2x2, v5p:2x2x1, "
-                    "v6e:2x2, or an accelerator type such as v5litepod-16")
-flags.DEFINE_string("out", "", "Directory for plan.json (empty: print only).")
-flags.DEFINE_string("size", "", "Fine-tuning without --config.init_from: the "
-                    "encoder size (tiny, small, base, large).")
-flags.DEFINE_integer("vocab_size", 32000, "With --size: the vocabulary size.")
-flags.mark_flags_as_required(["config", "topology"])
+
+
+def define_flags():
+  """The command's flags, defined only when it runs (`--config` is also
+  maelm_jax.main's, and both modules may be imported in one process)."""
+  config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                  "configs/pretrain.py:objective=maelm,size=base",
+                                  lock_config=True)
+  flags.DEFINE_string("topology", None, "TPU slice: v5e:4x4, v4:2x2x2, v5p:2x2x1, "
+                      "v6e:2x2, or an accelerator type such as v5litepod-16")
+  flags.DEFINE_string("out", "", "Directory for plan.json (empty: print only).")
+  flags.DEFINE_string("size", "", "Fine-tuning without --config.init_from: the "
+                      "encoder size (tiny, small, base, large).")
+  flags.DEFINE_integer("vocab_size", 32000, "With --size: the vocabulary size.")
+  flags.mark_flags_as_required(["config", "topology"])
 
 
 def main(argv):
@@ -694,4 +699,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from maelm_jax.errors import parse_flags  # pylint: disable=g-import-not-at-top
+  define_flags()
   app.run(main, flags_parser=parse_flags)

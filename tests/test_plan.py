@@ -280,3 +280,10 @@ def test_collectives_and_kernels_inside_a_loop_count_once_per_iteration():
       "count": 1, "bytes": 64 * 1024 * 2, "ring_bytes": 0.75 * 64 * 1024 * 2}
   assert stats.kernel_calls == 12 and stats.kernel_calls_in_text == 1
   assert stats.largest_buffers[0][:2] == (131072, "bf16[64,1024]")
+
+
+def test_the_plan_and_main_share_a_process():
+  """Both define `--config`: the plan defines its flags only when it runs, so a
+  process (a notebook, a test worker) may import both."""
+  import maelm_jax.main  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  assert "config" in plan.FLAGS and callable(plan.define_flags)
