@@ -44,6 +44,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -71,7 +72,22 @@ OBJECTIVES = {
     "maelm": ("maelm", {}),
     "3ml": ("3ml", {}),
     "3ml-cross": ("3ml", {"decoder_type": "cross"}),
+    "maelm-cross": ("maelm", {"decoder_type": "cross"}),
 }
+# A size is a name of model.SIZES or a shape "<layers>x<hidden>" (e.g. 8x384: heads
+# of 64 dimensions, an MLP 4x wide, the decoder depth of `small`), so that a
+# pretraining shape between the named sizes can be timed as it will run.
+SHAPE = re.compile(r"^(\d+)x(\d+)$")
+
+
+def size_overrides(size: str) -> tuple[str, dict]:
+  """(model.SIZES name, config.model overrides) of a size or a shape name."""
+  match = SHAPE.match(size)
+  if not match:
+    return size, {}
+  layers, hidden = int(match[1]), int(match[2])
+  return "small", {"num_layers": layers, "hidden": hidden,
+                   "num_heads": max(1, hidden // 64), "mlp": 4 * hidden}
 
 
 def _csv(kind):
@@ -125,7 +141,12 @@ def parse_args(argv=None):
   p.add_argument("--out", default=None,
                  help=f"markdown file to update (default {DEFAULT_OUT}; a "
                       "--dry_run writes nothing unless --out is given)")
-  p.add_argument("--json", default="", help="also dump raw timings to this file")
+  p.add_argument("--json", default="", help="also dump raw timings to this file, "
+                 "rewritten after every cell (a run cut short keeps what it measured)")
+  p.add_argument("--ceiling", type=int, default=0,
+                 help="first time an N x N x N bf16 matrix product on the device "
+                      "(8192 on a GPU: the measured ceiling MFU is also reported "
+                      "against); 0 skips it")
   p.add_argument("--dry_run", action="store_true",
                  help="smoke test: first size and length only, steps=2, repeats=1")
   args = p.parse_args(argv)
@@ -136,8 +157,9 @@ def parse_args(argv=None):
     if name not in OBJECTIVES:
       p.error(f"unknown objective {name!r}; choose from {list(OBJECTIVES)}")
   for size in args.sizes:
-    if size not in SIZES:
-      p.error(f"unknown size {size!r}; choose from {list(SIZES)}")
+    if size not in SIZES and not SHAPE.match(size):
+      p.error(f"unknown size {size!r}; choose from {list(SIZES)} or a shape "
+              "<layers>x<hidden> such as 8x384")
   from maelm_jax.attention import ATTENTION_IMPLS  # noqa: E402
   from maelm_jax.model import REMAT_POLICIES  # noqa: E402
   for impl in args.attention_impls:
@@ -164,9 +186,10 @@ def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str
   """The real pretraining config with the benchmark's overrides, resolved.
   `knobs`: more config.model keys (attention_impl, scan_layers, ...)."""
   base_objective, model_overrides = OBJECTIVES[objective]
+  size, shape = size_overrides(size)
   config = pretrain.get_config(f"objective={base_objective},size={size}")
   config.unlock()
-  model_overrides = {**model_overrides, **knobs}
+  model_overrides = {**shape, **model_overrides, **knobs}
   config.seq_len = seq_len
   config.batch_size = batch
   config.tokenizer.vocab_size = VOCAB_SIZE
@@ -357,6 +380,57 @@ def measure_cell(args, dtype, size, seq_len, mesh, attention_impl="auto",
   return rows
 
 
+def matmul_ceiling(n: int, windows: int = 5, products: int = 10) -> dict:
+  """FLOP/s of an n^3 bf16 matrix product on the first device: the median of
+  `windows` timed windows of `products` products each, after a warm-up, on
+  random inputs (zeros ran 13% faster on an H200 here), rotating between two
+  input pairs so that no product reads what the previous one left in cache."""
+  device = jax.devices()[0]
+  keys = jax.random.split(jax.random.key(0), 4)
+  pairs = [tuple(jax.device_put(jax.random.normal(k, (n, n), jax.numpy.bfloat16),
+                                device) for k in keys[i:i + 2]) for i in (0, 2)]
+  product = jax.jit(lambda a, b: a @ b)
+  for a, b in pairs:
+    product(a, b).block_until_ready()
+  seconds = []
+  for _ in range(windows):
+    t0 = time.perf_counter()
+    out = [product(*pairs[i % 2]) for i in range(products)]
+    jax.block_until_ready(out)
+    seconds.append((time.perf_counter() - t0) / products)
+    del out
+  median = statistics.median(seconds)
+  return dict(n=n, dtype="bfloat16", seconds=median, flops_per_s=2 * n ** 3 / median,
+              spread=(max(seconds) - min(seconds)) / median, device=device.device_kind)
+
+
+def device_peak_bytes() -> int | None:
+  """The process's peak device memory so far (GPU/TPU allocators; None on CPU)."""
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # noqa: BLE001  (backends without memory_stats)
+    return None
+  return (stats or {}).get("peak_bytes_in_use")
+
+
+def finish_rows(rows, info, peak, ceiling) -> None:
+  """The fields a reader of the JSON needs without the table around it."""
+  for r in rows:
+    flop_rate = r["gflops_per_s"] * 1e9
+    r.update(device=info["device"], tokens_per_sec=r["tokens_per_s"],
+             mfu_spec=flop_rate / peak if peak else None,
+             mfu_measured_ceiling=(flop_rate / ceiling["flops_per_s"]
+                                   if ceiling else None),
+             peak_memory_bytes=r.get("memory_bytes"), command=command_line())
+
+
+def write_json(path: str, payload: dict) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=2)
+  os.replace(tmp, path)
+
+
 # ---------------------------------------------------------------- Reports --
 
 def machine_info(mesh) -> dict:
@@ -420,7 +494,7 @@ def command_line() -> str:
 
 
 def format_section(args, info, tables, started, total_s, load_before, load_after,
-                   peak) -> str:
+                   peak, ceiling=None) -> str:
   settings = (f"steps={args.steps} per window, repeats={args.repeats}, "
               f"dropout={args.dropout}, scan_layers={args.scan_layers}, "
               f"remat_policy={args.remat_policy}, "
@@ -438,6 +512,11 @@ def format_section(args, info, tables, started, total_s, load_before, load_after
       (f"; XLA_FLAGS=`{info['xla_flags']}`" if info["xla_flags"] else ""),
       f"- Load average (1/5/15 min) before: {load_before}; after: {load_after}",
   ]
+  if ceiling:
+    out.append(f"- Measured ceiling: a {ceiling['n']}^3 bf16 matrix product at "
+               f"{ceiling['flops_per_s'] / 1e12:,.0f} TFLOP/s (median of 5 windows, "
+               f"spread {ceiling['spread']:.0%}); MFU of the ceiling = MFU x "
+               f"{peak / ceiling['flops_per_s']:.2f}")
   if args.note:
     out.append(f"- Note: {args.note}")
   out += [
@@ -513,22 +592,38 @@ def main(argv=None) -> int:
   print(f"{info['cpu']} ({info['cores']} cores), {info['device']}, jax {info['jax']}; "
         f"mesh {info['mesh']}", flush=True)
 
+  ceiling = matmul_ceiling(args.ceiling) if args.ceiling else None
+  if ceiling:
+    print(f"{args.ceiling}^3 bf16 matrix product: {ceiling['flops_per_s'] / 1e12:,.0f} "
+          f"TFLOP/s (spread {ceiling['spread']:.0%}); peak by the spec "
+          f"{peak / 1e12:,.0f}", flush=True)
+
+  def dump(tables, total_s):
+    if args.json:
+      write_json(args.json, {
+          "machine": info, "command": command_line(), "date": started.isoformat(),
+          "total_s": total_s, "peak_flops": peak, "ceiling": ceiling,
+          "process_peak_bytes": device_peak_bytes(), "tables": dict(tables)})
+
   tables = []
   cells = [(dtype, impl) for dtype in args.dtype for impl in args.attention_impls]
   for index, (dtype, impl) in enumerate(cells):
     rows = []
+    name = dtype if len(args.attention_impls) == 1 else f"{dtype}/{impl}"
+    tables.append((name, rows))
     for size in args.sizes:
       for seq_len in args.seq_lens:
         last = index == len(cells) - 1 and (size, seq_len) == (args.sizes[-1],
                                                               args.seq_lens[-1])
-        rows += measure_cell(args, dtype, size, seq_len, mesh, impl,
-                             args.profile_dir if last else "")
-    tables.append((dtype if len(args.attention_impls) == 1 else f"{dtype}/{impl}",
-                   rows))
+        cell = measure_cell(args, dtype, size, seq_len, mesh, impl,
+                            args.profile_dir if last else "")
+        finish_rows(cell, info, peak, ceiling)
+        rows += cell
+        dump(tables, time.perf_counter() - t_start)
   total_s = time.perf_counter() - t_start
 
   section = format_section(args, info, tables, started, total_s, load_before,
-                           _loadavg(), peak)
+                           _loadavg(), peak, ceiling)
   print()
   print(section)
   out = args.out or (None if args.dry_run else DEFAULT_OUT)
@@ -538,10 +633,7 @@ def main(argv=None) -> int:
       path = REPO / path
     write_section(path, section)
     print(f"wrote {path}")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"machine": info, "command": command_line(), "date": started.isoformat(),
-                 "total_s": total_s, "tables": dict(tables)}, f, indent=2)
+  dump(tables, total_s)
   print(f"total {total_s / 60:.1f} min")
   return 0
 
