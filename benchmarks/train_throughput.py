@@ -149,7 +149,21 @@ def parse_args(argv=None):
                       "against); 0 skips it")
   p.add_argument("--dry_run", action="store_true",
                  help="smoke test: first size and length only, steps=2, repeats=1")
-  args = p.parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  # --config.KEY=VALUE: the product's overrides of the pretraining config, applied
+  # last (e.g. --config.model.relative_position_bias=False).
+  overrides = [a for a in argv if a.startswith("--config.")]
+  args = p.parse_args([a for a in argv if not a.startswith("--config.")])
+  args.config_overrides = []
+  for item in overrides:
+    if "=" not in item:
+      p.error(f"{item}: write --config.KEY=VALUE")
+    key, value = item[len("--config."):].split("=", 1)
+    try:
+      typed_set(pretrain.get_config(), key, value)
+    except (KeyError, ValueError) as e:
+      p.error(f"{item}: {e}")
+    args.config_overrides.append((key, value))
   if args.dry_run:
     args.sizes, args.seq_lens = args.sizes[:1], args.seq_lens[:1]
     args.steps, args.repeats = 2, 1
@@ -181,8 +195,26 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------ Setup --
 
+def typed_set(config, key: str, text: str) -> None:
+  """config[key] = text, typed like the value it replaces (as absl's --config)."""
+  node = config
+  for part in key.split(".")[:-1]:
+    node = node[part]
+  leaf = key.split(".")[-1]
+  if leaf not in node:
+    raise KeyError(f"--config.{key}: no such config key")
+  old = node[leaf]
+  if isinstance(old, bool):
+    value = text.lower() in ("1", "true", "yes")
+  elif old is None or isinstance(old, str):
+    value = text
+  else:
+    value = type(old)(text)
+  config_lib.set_path(config, key, value)
+
+
 def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str,
-                 **knobs):
+                 overrides=(), **knobs):
   """The real pretraining config with the benchmark's overrides, resolved.
   `knobs`: more config.model keys (attention_impl, scan_layers, ...)."""
   base_objective, model_overrides = OBJECTIVES[objective]
@@ -197,6 +229,8 @@ def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str
   config.model.max_positions = max(config.model.max_positions, seq_len)
   for key, value in model_overrides.items():
     config.model[key] = value
+  for key, text in overrides:
+    typed_set(config, key, text)
   config = config_lib.resolve(config)
   config_lib.validate(config)
   return config
@@ -214,9 +248,10 @@ class Runner:
   """One compiled train step and its state, for one benchmark cell."""
 
   def __init__(self, objective, size, seq_len, batch, dtype, mesh, ids, seed,
-               knobs=None):
+               knobs=None, overrides=()):
     self.objective = objective
-    config = build_config(objective, size, seq_len, batch, dtype, **(knobs or {}))
+    config = build_config(objective, size, seq_len, batch, dtype, overrides,
+                          **(knobs or {}))
     self.model_cfg = ModelConfig.from_config(config.model, VOCAB_SIZE, MASK_ID)
     tx = train_lib.make_optimizer(config)
     self.state, shardings = train_lib.create_sharded_state(
@@ -320,7 +355,7 @@ def measure_cell(args, dtype, size, seq_len, mesh, attention_impl="auto",
                      f"divisible by the data-parallel size {dp}")
   ids = random_batch(batch, seq_len, args.seed)
   runners = [Runner(objective, size, seq_len, batch, dtype, mesh, ids, args.seed,
-                    model_knobs(args, attention_impl))
+                    model_knobs(args, attention_impl), args.config_overrides)
              for objective in args.objectives]
   # Compiling is not measured; overlap it over the cores to save wall time.
   t0 = time.perf_counter()
@@ -499,7 +534,8 @@ def format_section(args, info, tables, started, total_s, load_before, load_after
               f"dropout={args.dropout}, scan_layers={args.scan_layers}, "
               f"remat_policy={args.remat_policy}, "
               f"tokens_per_batch={args.tokens_per_batch}, vocab={VOCAB_SIZE}, "
-              f"mesh={info['mesh']}, seed={args.seed}")
+              f"mesh={info['mesh']}, seed={args.seed}" +
+              "".join(f", {k}={v}" for k, v in args.config_overrides))
   out = [
       START,
       "## Train-step throughput",

@@ -236,7 +236,8 @@ class RelativePositionBias(nn.Module):
         nn.with_logical_partitioning(init, ("rel_buckets", "heads")),
         (cfg.relative_buckets, cfg.num_heads), jnp.float32)
     rel = k_positions[:, None, :] - q_positions[:, :, None]  # [B, n, m]
-    bias = table[relative_position.bucket(rel, cfg)]  # [B, n, m, H]
+    bias = relative_position.lookup(  # [B, n, m, H]
+        table, relative_position.bucket(rel, cfg))
     if cfg.untie_cls_position:
       # [CLS] (position 0) is untied from positions (TUPE, Ke et al. 2021): it
       # reads and is read by content alone. Fine-tuning classifies from [CLS];
@@ -346,6 +347,17 @@ class TransformerLayer(nn.Module):
     return (x, None) if self.returns_carry else x
 
 
+def _bias_for_kernel(cfg, bias, dropout_active: bool, q_len: int, kv_len: int):
+  """The additive bias as the layers' attention reads it: cuDNN takes it in the
+  activation dtype, so it is cast here once rather than in every layer, and its
+  gradient accumulates across the layers in that dtype (half the bytes, and no
+  per-layer conversion of a [B, H, n, m] tensor; benchmarks/RESULTS.md, "GPU
+  throughput"). Other kernels and the einsum keep float32."""
+  if cfg.attention_backend(dropout_active, q_len, kv_len) == "cudnn":
+    return bias.astype(cfg.dtype)
+  return bias
+
+
 def _padding_bias(key_valid):
   """[B, m] bool -> additive [B, 1, 1, m]."""
   return jnp.where(key_valid, 0.0, NEG_INF)[:, None, None, :].astype(jnp.float32)
@@ -393,6 +405,11 @@ class Stack(nn.Module):
       # Queries and memory share one position axis (the original sequence).
       cross_bias = cross_bias + RelativePositionBias(
           cfg, name="cross_relative_bias")(positions, memory_positions)
+    dropout_active = self.attention_dropout_rate > 0 and not self.deterministic
+    self_bias = _bias_for_kernel(cfg, self_bias, dropout_active, x.shape[1], x.shape[1])
+    if memory is not None:
+      cross_bias = _bias_for_kernel(cfg, cross_bias, dropout_active, x.shape[1],
+                                    memory.shape[1])
 
     policy = cfg.effective_remat_policy
     # Under scan, CSE across iterations cannot undo the remat (JAX's advice).

@@ -367,3 +367,45 @@ def test_padding_that_fills_the_static_count_is_never_read(decoder_type):
     logits.append(out[0][picked])
   assert logits[0].shape == (3, VOCAB)
   np.testing.assert_allclose(logits[0], logits[1], atol=1e-5)
+
+
+def test_relative_bias_lookup_has_indexings_values_and_gradient():
+  """`relative_position.lookup` replaces the scatter-add of indexing's gradient by
+  a masked sum per table row: the same numbers, buckets repeated and unused
+  alike (row 31 is never read here, and must get a zero gradient)."""
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  table = jax.random.normal(k1, (32, 6))
+  buckets = jax.random.randint(k2, (3, 17, 19), 0, 31)
+  g = jax.random.normal(k3, (3, 17, 19, 6))
+  np.testing.assert_array_equal(relative_position.lookup(table, buckets),
+                                table[buckets])
+  ours = jax.grad(lambda t: jnp.sum(relative_position.lookup(t, buckets) * g))(table)
+  plain = jax.grad(lambda t: jnp.sum(t[buckets] * g))(table)
+  np.testing.assert_allclose(ours, plain, rtol=1e-5, atol=1e-5)
+  assert float(jnp.abs(ours[31]).max()) == 0.0 and float(jnp.abs(ours[:31]).min()) > 0
+
+
+def test_cudnn_gets_its_bias_in_the_activation_dtype_cast_once(monkeypatch):
+  """bf16 layers on the cuDNN path read a bf16 bias made once before the stack
+  (not a float32 one cast in every layer); the einsum path keeps float32."""
+  from maelm_jax import attention
+  cfg = build("mlm", **{"model.attention_dropout": 0.0, "model.dropout": 0.0,
+                        "model.dtype": "bfloat16"})
+  ids = random_ids(2, 16, VOCAB, num_pad=3)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  seen = []
+
+  def fused_via_xla(q, k, v, bias, implementation):
+    seen.append(bias.dtype)
+    return attention.fused_attention.__wrapped__(q, k, v, bias, "xla")
+
+  fused_via_xla.__wrapped__ = attention.fused_attention
+  monkeypatch.setattr(attention, "fused_attention", fused_via_xla)
+  for backend, expected in (("cudnn", jnp.bfloat16), ("xla", None)):
+    seen.clear()
+    monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
+                        lambda self, *a, b=backend: b)
+    model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+    assert ({jnp.dtype(d) for d in seen} == {jnp.dtype(expected)}) if expected \
+        else not seen
