@@ -35,7 +35,9 @@ setup(
         # The tests load exports with transformers on PyTorch; torch is pinned to
         # the CPU wheel (an open range pulls a multi-GB CUDA build).
         # nbclient/ipykernel run notebooks/quickstart.ipynb in a real kernel.
-        "test": [TPU, "pytest>=8.0", "pytest-xdist>=3.5", "safetensors>=0.4",
+        # import-linter checks the package's layers (.importlinter).
+        "test": [TPU, "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5",
+                 "safetensors>=0.4",
                  "tokenizers>=0.20", "torch==2.13.0", "transformers==4.57.6",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
     },

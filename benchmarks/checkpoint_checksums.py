@@ -28,7 +28,9 @@ import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pretrain  # noqa: E402  (configs/pretrain.py)
 
-from maelm_jax import checkpoints, config_lib, model as model_lib, sharding, train_lib  # noqa: E402
+from maelm_jax.run import checkpoints, config_lib, train_lib  # noqa: E402
+from maelm_jax.modeling import model as model_lib  # noqa: E402
+from maelm_jax.core import sharding  # noqa: E402
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from maelm_jax import checkpoints, host_memory  # noqa: E402
+from maelm_jax.run import checkpoints, host_memory  # noqa: E402
 
 
 def rss_mb() -> float:

@@ -38,18 +38,22 @@ def rows_of(spec: str) -> list[dict]:
   return rows
 
 
+def write_rows(path: str, rows: list[dict]) -> None:
+  """The rows as a JSON list, one key a line (diffs stay readable)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(rows, f, indent=1)
+    f.write("\n")
+  print(f"{len(rows)} rows -> {path}")
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("files", nargs="+", help="train_throughput.py --json outputs, "
                  "each optionally FILE:LABEL")
   p.add_argument("--out", required=True)
   args = p.parse_args(argv)
-  rows = [row for path in args.files for row in rows_of(path)]
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(rows, f, indent=1)
-    f.write("\n")
-  print(f"{len(rows)} rows -> {args.out}")
+  write_rows(args.out, [row for path in args.files for row in rows_of(path)])
   return 0
 
 

@@ -27,14 +27,16 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pretrain  # noqa: E402  (configs/pretrain.py)
-from maelm_jax import model as model_lib, sharding, train_lib  # noqa: E402
+from maelm_jax.modeling import model as model_lib  # noqa: E402
+from maelm_jax.core import sharding  # noqa: E402
+from maelm_jax.run import train_lib  # noqa: E402
 
 
 def model_config(size, objective, dtype, vocab, **knobs):
   config = pretrain.get_config(f"objective={objective},size={size}")
   config.unlock()
   config.model.dtype = dtype
-  from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(config)
   cfg = model_lib.ModelConfig.from_config(config.model, vocab, 4)
   return model_lib.dataclasses.replace(cfg, **knobs), config
@@ -67,7 +69,7 @@ def compile_seconds(cfg, config, seq_len, batch):
 def kept_bytes(cfg, seq_len, batch):
   from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from maelm_jax import masking  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import masking  # pylint: disable=g-import-not-at-top
   ids = jnp.full((batch, seq_len), 7, jnp.int32)
   masks = masking.draw_masks(jax.random.PRNGKey(0), ids, cfg.mask_counts(seq_len),
                              mask_id=4, vocab_size=cfg.vocab_size)

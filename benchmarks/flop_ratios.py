@@ -19,7 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import compile_time  # noqa: E402
-from maelm_jax import flops  # noqa: E402
+from maelm_jax.modeling import flops  # noqa: E402
 
 OBJECTIVES = {"mlm": ("mlm", {}), "maelm": ("maelm", {}),
               "maelm (cross)": ("maelm", {"decoder_type": "cross"}),

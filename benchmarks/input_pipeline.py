@@ -24,8 +24,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "configs")]
 
 import pretrain  # noqa: E402  (configs/pretrain.py)
-from maelm_jax import config_lib, flops, model as model_lib, pipeline, sources  # noqa: E402
-from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
+from maelm_jax.run import config_lib  # noqa: E402
+from maelm_jax.modeling import flops, model as model_lib  # noqa: E402
+from maelm_jax.data import pipeline, sources  # noqa: E402
+from maelm_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 
 H100_BF16_PEAK = 989e12  # Dense bf16 FLOP/s (flops.CHIPS).
 

@@ -34,7 +34,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import compile_time  # noqa: E402
-from maelm_jax import model as model_lib, sharding, train_lib  # noqa: E402
+from maelm_jax.modeling import model as model_lib  # noqa: E402
+from maelm_jax.core import sharding  # noqa: E402
+from maelm_jax.run import train_lib  # noqa: E402
 
 
 def largest_fitting(fits, multiple: int, max_batch: int) -> int:

@@ -147,7 +147,8 @@ class OursWorker:
     sys.path.insert(0, str(REPO / "benchmarks"))
     import jax
     import train_throughput as tt  # noqa: E402  (puts the repo on sys.path)
-    from maelm_jax import sharding, train_lib
+    from maelm_jax.core import sharding
+    from maelm_jax.run import train_lib
     self.jax = jax
     config, self.model_cfg = ours_config(dtype)
     tx = train_lib.make_optimizer(config)
@@ -354,8 +355,8 @@ def ours_config(dtype: str, **model_overrides):
   keys) on top, for benchmarks/step_overheads.py."""
   sys.path.insert(0, str(REPO / "benchmarks"))
   import train_throughput as tt  # noqa: E402
-  from maelm_jax.model import ModelConfig
-  from maelm_jax.tokenizer import MASK_ID
+  from maelm_jax.modeling.model import ModelConfig
+  from maelm_jax.data.tokenizer import MASK_ID
   model = dict(
       num_layers=LAYERS, hidden=HIDDEN, num_heads=HEADS, mlp=MLP,
       max_positions=SEQ_LEN, ln_type="post", relative_position_bias=False,
@@ -381,7 +382,7 @@ def peer_inputs(ids, counts, seed: int):
   maskable positions, of which num_mask -> [MASK], num_random -> a random id,
   num_keep unchanged; labels = the original id there, -100 elsewhere."""
   import numpy as np
-  from maelm_jax.tokenizer import MASK_ID, NUM_SPECIAL
+  from maelm_jax.data.tokenizer import MASK_ID, NUM_SPECIAL
   rng = np.random.RandomState(seed + 1)
   inputs = ids.copy()
   labels = np.full(ids.shape, -100, np.int32)
@@ -398,7 +399,7 @@ def peer_inputs(ids, counts, seed: int):
 
 def peer_flops_per_step(model_cfg) -> int:
   """`flops.train_flops_per_step` with the head on all L positions (K = L)."""
-  from maelm_jax import flops
+  from maelm_jax.modeling import flops
   parts = flops.forward_flops_per_sequence(model_cfg, SEQ_LEN)
   parts["head"] = 2 * SEQ_LEN * (model_cfg.hidden ** 2 + model_cfg.hidden * VOCAB)
   return 3 * BATCH * sum(parts.values())
@@ -669,7 +670,7 @@ def format_section(args, tables, versions, started, total_s, load_before, load_a
       "bfloat16: ours and Flax keep float32 parameters and run matmuls in bf16; "
       "PyTorch runs under `torch.autocast('cpu', torch.bfloat16)` (float32 weights).",
       "",
-      "Model FLOPs: `maelm_jax/flops.py` `train_flops_per_step` (matmuls only, "
+      "Model FLOPs: `maelm_jax/modeling/flops.py` `train_flops_per_step` (matmuls only, "
       "2 FLOPs per multiply-add, training = 3 x forward): per sequence "
       f"{LAYERS} x [2L(4d²+2df) + 4L²d] + head 2K(d² + dV), L={SEQ_LEN}, d={HIDDEN}, "
       f"f={MLP}, V={VOCAB}. Ours: K={counts.num_selected} (its head runs on the "
@@ -808,7 +809,7 @@ def main(argv=None) -> int:
 
   _, model_cfg = ours_config("float32")
   counts = model_cfg.mask_counts(SEQ_LEN)
-  from maelm_jax import flops
+  from maelm_jax.modeling import flops
   flops_by_impl = {"ours": flops.train_flops_per_step(model_cfg, SEQ_LEN, BATCH),
                    "flax": peer_flops_per_step(model_cfg),
                    "torch": peer_flops_per_step(model_cfg)}

@@ -38,8 +38,8 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from maelm_jax import host_memory  # noqa: E402
-from maelm_jax import workdir as workdir_lib  # noqa: E402
+from maelm_jax.run import host_memory  # noqa: E402
+from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

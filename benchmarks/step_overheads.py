@@ -38,7 +38,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import peer_race  # noqa: E402
 import train_throughput as tt  # noqa: E402
-from maelm_jax import sharding, train_lib  # noqa: E402
+from maelm_jax.core import sharding  # noqa: E402
+from maelm_jax.run import train_lib  # noqa: E402
 
 VARIANTS = {  # name -> (config.model overrides, guard removed)
     "as raced": ({}, False),

@@ -25,7 +25,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "configs"))
 
-from maelm_jax import attention, plan  # noqa: E402
+from maelm_jax.modeling import attention  # noqa: E402
+from maelm_jax import plan  # noqa: E402
 import pretrain  # noqa: E402
 
 CASES = {"maelm": {}, "3ml (cross)": {"decoder_type": "cross"}}

@@ -58,9 +58,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pretrain  # noqa: E402  (configs/pretrain.py)
-from maelm_jax import config_lib, flops, profiling, sharding, train_lib  # noqa: E402
-from maelm_jax.model import SIZES, ModelConfig  # noqa: E402
-from maelm_jax.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, SEP_ID  # noqa: E402
+from maelm_jax.run import config_lib, train_lib  # noqa: E402
+from maelm_jax.modeling import flops  # noqa: E402
+from maelm_jax.tools import profiling  # noqa: E402
+from maelm_jax.core import sharding  # noqa: E402
+from maelm_jax.modeling.model import SIZES, ModelConfig  # noqa: E402
+from maelm_jax.data.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, SEP_ID  # noqa: E402
 
 VOCAB_SIZE = 8192
 START, END = "<!-- throughput:start -->", "<!-- throughput:end -->"
@@ -174,8 +177,8 @@ def parse_args(argv=None):
     if size not in SIZES and not SHAPE.match(size):
       p.error(f"unknown size {size!r}; choose from {list(SIZES)} or a shape "
               "<layers>x<hidden> such as 8x384")
-  from maelm_jax.attention import ATTENTION_IMPLS  # noqa: E402
-  from maelm_jax.model import REMAT_POLICIES  # noqa: E402
+  from maelm_jax.modeling.attention import ATTENTION_IMPLS  # noqa: E402
+  from maelm_jax.modeling.model import REMAT_POLICIES  # noqa: E402
   for impl in args.attention_impls:
     if impl not in ATTENTION_IMPLS:
       p.error(f"--attention_impls {impl!r}: use some of {ATTENTION_IMPLS}")

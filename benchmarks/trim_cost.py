@@ -27,7 +27,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from absl import logging  # noqa: E402
 
 from configs import pretrain  # noqa: E402
-from maelm_jax import host_memory, train  # noqa: E402
+from maelm_jax.run import host_memory, train  # noqa: E402
 
 
 def main() -> None:

@@ -19,7 +19,8 @@ the median over 5 seeds, which `python -m maelm_jax.finetune.sweep` does.
 
 import ml_collections
 
-from maelm_jax import config_lib
+from maelm_jax.finetune import common_config
+from maelm_jax.run import config_lib
 
 # task: (batch_size, learning_rate, num_epochs). Large tasks converge in 2-3
 # epochs; the small ones (CoLA, RTE, MRPC, STS-B, WNLI) need 10.
@@ -55,41 +56,10 @@ def get_config(arg=None):
   config.eval_batch_size = 64  # The last eval batch is padded; nothing is dropped.
   config.learning_rate = learning_rate
   config.num_epochs = num_epochs
-  config.warmup_ratio = 0.06
-  config.end_learning_rate_ratio = 0.0
-  config.weight_decay = 0.01
-  # Layer-wise learning-rate decay (ELECTRA, DeBERTa): each encoder layer learns
-  # at this times the rate of the one above, the embeddings lowest, the head at
-  # the full rate. 1.0: off (RoBERTa, MAE-LM). See train_lib.scale_by_layer_decay.
-  config.layer_decay = 1.0
-  # True: LAMB-style relative updates (train_lib.scale_by_relative_size): the
-  # learning rate is each tensor's relative change per step, so a pretrained
-  # encoder, whose weights pretraining grew, is not fine-tuned more slowly than
-  # a fresh one at the same rate. Its rates are relative: about 1e-3..1e-2.
-  config.relative_updates = False
-  config.adam_b1 = 0.9
-  config.adam_b2 = 0.98
-  config.adam_eps = 1e-6
-  config.grad_clip_norm = 1.0
-  config.dropout = 0.1  # Encoder and head.
-  config.attention_dropout = 0.1
-  config.activation_dropout = 0.0  # After the FFN's GELU (none in RoBERTa).
-  # 'auto': the platform's flash-attention kernel where it applies (cuDNN on GPU in
-  # bf16, Pallas on TPU, any length padded to its blocks; at eval only while
-  # attention dropout is on), the einsum elsewhere (attention.ATTENTION_IMPLS).
-  config.attention_impl = "auto"
-  config.dtype = ""  # Matmul dtype; "": the pretrained model's (bfloat16/float32).
+  common_config.add_common_keys(config)
   # The head reads 'cls' (the first token, the papers' recipe) or 'mean' (the
   # mean of the token vectors).
   config.pooling = "cls"
-  config.seed = 1
-  config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'), as in pretraining.
-  config.log_every = 50
-  # A checkpoint (params + optimizer) is saved after every epoch and on SIGTERM /
-  # Ctrl-C; the same command resumes. A finished run deletes it (its results are
-  # written) unless keep_final_checkpoint; start_over: see configs/pretrain.py.
-  config.keep_final_checkpoint = False
-  config.start_over = False
 
   config.data = ml_collections.ConfigDict()
   config.data.source = "tsv"  # "tsv" (data.dir) or "tfds" (glue/<task>).

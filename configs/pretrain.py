@@ -25,7 +25,7 @@ recipe in (fast, paper). Knobs left at None take the objective's
 import ml_collections
 from ml_collections import config_dict
 
-from maelm_jax import config_lib
+from maelm_jax.run import config_lib
 
 
 def get_config(arg=None):
@@ -37,7 +37,7 @@ def get_config(arg=None):
 
   config.total_steps = 10_000
   # > 0: a compute budget instead. total_steps becomes total_flops / the train
-  # FLOPs of one step (maelm_jax/flops.py, the model behind `mfu`), so runs of
+  # FLOPs of one step (maelm_jax/modeling/flops.py, the model behind `mfu`), so runs of
   # different objectives or sizes get equal compute without hand arithmetic.
   config.total_flops = 0.0
   config.batch_size = 64  # Global, in sequences.
@@ -152,7 +152,7 @@ def get_config(arg=None):
   # direction (mean cosine 0.71 after 600 tiny steps; untied 0.01). Untied is not
   # the default: it learned more slowly in the first few hundred steps on pydoc
   # and on synthetic text, and no downstream A/B has shown it better yet
-  # (benchmarks/RESULTS.md, "Untied output embedding").
+  # (studies/RESULTS.md, "Untied output embedding").
   config.model.tie_embeddings = True
   config.model.layer_norm_eps = 1e-5  # An imported BERT (import_hf) keeps 1e-12.
 
@@ -161,12 +161,12 @@ def get_config(arg=None):
   return config
 
 
-# The default recipe, found by experiment (benchmarks/RESULTS.md, "Recipes that
+# The default recipe, found by experiment (studies/RESULTS.md, "Recipes that
 # leave the plateau"): pre-LN, no dropout, a high peak learning rate with a short
 # warm-up, attention that prefers near neighbours from step 0, in the encoder and
 # in the MAE-LM / 3ML decoder, and 10% kept tokens for every objective. Peak
 # learning rates per size; tiny was measured here (at its 2 layers: deepened to 8,
-# mlm learns faster at 1e-3, maelm alike at 1e-3 to 3e-3; RESULTS.md, "Deeper
+# mlm learns faster at 1e-3, maelm alike at 1e-3 to 3e-3; studies/RESULTS.md, "Deeper
 # encoder"), the larger sizes follow the same pre-LN practice (Cramming, 24hBERT)
 # scaled down with width.
 FAST_LEARNING_RATES = {"tiny": 3e-3, "small": 2e-3, "base": 1e-3, "large": 5e-4}

@@ -17,7 +17,8 @@ at most 30 tokens) and the COCO-LM / MAE-LM optimisation recipe.
 
 import ml_collections
 
-from maelm_jax import config_lib
+from maelm_jax.finetune import common_config
+from maelm_jax.run import config_lib
 
 
 def get_config(arg=None):
@@ -43,35 +44,7 @@ def get_config(arg=None):
   config.eval_batch_size = 64
   config.learning_rate = 3e-5
   config.num_epochs = 2 if arg.version == "1.1" else 3
-  config.warmup_ratio = 0.06
-  config.end_learning_rate_ratio = 0.0
-  config.weight_decay = 0.01
-  # Layer-wise learning-rate decay (ELECTRA, DeBERTa): each encoder layer learns
-  # at this times the rate of the one above, the embeddings lowest, the head at
-  # the full rate. 1.0: off (RoBERTa, MAE-LM). See train_lib.scale_by_layer_decay.
-  config.layer_decay = 1.0
-  # True: LAMB-style relative updates (see configs/glue.py).
-  config.relative_updates = False
-  config.adam_b1 = 0.9
-  config.adam_b2 = 0.98
-  config.adam_eps = 1e-6
-  config.grad_clip_norm = 1.0
-  config.dropout = 0.1
-  config.attention_dropout = 0.1
-  config.activation_dropout = 0.0  # After the FFN's GELU (none in RoBERTa).
-  # 'auto': the platform's flash-attention kernel where it applies (cuDNN on GPU in
-  # bf16, Pallas on TPU, any length padded to its blocks; at eval only while
-  # attention dropout is on), the einsum elsewhere (attention.ATTENTION_IMPLS).
-  config.attention_impl = "auto"
-  config.dtype = ""  # Matmul dtype; "": the pretrained model's.
-  config.seed = 1
-  config.mesh_shape = (-1, 1, 1)
-  config.log_every = 50
-  # A checkpoint (params + optimizer) is saved after every epoch and on SIGTERM /
-  # Ctrl-C; the same command resumes. A finished run deletes it (its results are
-  # written) unless keep_final_checkpoint; start_over: see configs/pretrain.py.
-  config.keep_final_checkpoint = False
-  config.start_over = False
+  common_config.add_common_keys(config)
 
   config.data = ml_collections.ConfigDict()
   config.data.source = "json"  # "json" (train_file/eval_file) or "tfds".

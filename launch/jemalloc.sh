@@ -6,7 +6,7 @@
 # save (~12 MB per 1,000 steps of `tiny` at the default cadence: its arenas keep
 # freed host buffers between live ones); with jemalloc preloaded it stays flat
 # (README "Long runs"; benchmarks/RESULTS.md, "Hours of running"). The search is
-# that of maelm_jax/host_memory.py's find_jemalloc; the run's log then says
+# that of maelm_jax/run/host_memory.py's find_jemalloc; the run's log then says
 # "host allocator: jemalloc".
 #
 #   jemalloc_library        prints the library: $MAELM_JEMALLOC if set (status 1

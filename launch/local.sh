@@ -7,7 +7,7 @@
 #
 # Starts N processes of `python -m maelm_jax.main <arguments>`, process i with
 #   MAELM_COORDINATOR_ADDRESS=127.0.0.1:P  MAELM_NUM_PROCESSES=N  MAELM_PROCESS_ID=i
-# (read by maelm_jax/distributed.py) and
+# (read by maelm_jax/run/distributed.py) and
 #   cpu (default): JAX_NUM_CPU_DEVICES=D (and JAX_PLATFORMS=cpu unless set), so
 #                  N x D fake CPU devices behave like N hosts of D chips;
 #   gpu:           MAELM_LOCAL_DEVICE_IDS = GPUs i*D .. i*D+D-1 of this machine.

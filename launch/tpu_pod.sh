@@ -22,7 +22,7 @@
 #   2. install it into the venv ~/maelm-venv: `pip install -e . "jax[tpu]"`, and
 #      jemalloc (`apt-get install libjemalloc2`, skipped where it is);
 #   3. run `python -m maelm_jax.main <arguments>` in ~/maelm-jax on every worker
-#      with MAELM_DISTRIBUTED=tpu, so that maelm_jax/distributed.py calls
+#      with MAELM_DISTRIBUTED=tpu, so that maelm_jax/run/distributed.py calls
 #      jax.distributed.initialize() with no arguments and JAX takes worker count,
 #      worker id and coordinator from the TPU metadata; jemalloc preloaded
 #      where installed (launch/jemalloc.sh: under glibc's malloc a run's memory

@@ -45,8 +45,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import analyze, blimp, checkpoints, config_lib, errors, sweep
-from maelm_jax import workdir as workdir_lib
+from maelm_jax.evaluate import analyze, blimp
+from maelm_jax.run import checkpoints, config_lib
+from maelm_jax.core import errors
+from maelm_jax import sweep
+from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.finetune import glue_data, sweep as finetune_sweep
 
 # The group of configs/compare.py's `random=1` runs: the untrained control.
@@ -136,7 +139,7 @@ def selection_root(data_dir: str, out: str, tasks) -> str:
 def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
   """Trains the runs' tokenizer once (the first run's settings and data); a
   corpus prepared as token ids (`prepare_data --tokenizer`) gives its own."""
-  from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   config = sweep.expand(config_file, overrides)[0]["config"]
   directory = os.path.join(out, "tokenizer")
   path = os.path.join(directory, tokenizer_lib.TOKENIZER_FILENAME)

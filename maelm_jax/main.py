@@ -11,10 +11,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import host_memory
-from maelm_jax.errors import parse_flags
-from maelm_jax import workdir as workdir_lib
-from maelm_jax.errors import error_message, is_user_error
+from maelm_jax.run import host_memory
+from maelm_jax.core.errors import parse_flags
+from maelm_jax.core import workdir as workdir_lib
+from maelm_jax.core.errors import error_message, is_user_error
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
                                 "configs/pretrain.py:objective=maelm,size=tiny",
@@ -50,7 +50,7 @@ class _QuietLibraries(pylogging.Filter):
 
 
 def summary(workdir: str, last: dict) -> str:
-  from maelm_jax import baselines, plots  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import baselines, plots  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir)
   lines = ["", "=" * 72, "Done."]
   if "eval/mask_accuracy" in last:
@@ -84,13 +84,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # Imported late so that --xla flags and env set by launchers apply.
-  from maelm_jax import distributed
+  from maelm_jax.run import distributed
   try:
     distributed.maybe_initialize()  # Multi-host: before anything touches devices.
   except distributed.DistributedConfigError as e:
     raise app.UsageError(str(e)) from e
   watchdog = distributed.start_peer_watchdog()
-  from maelm_jax import train  # noqa: F401
+  from maelm_jax.run import train  # noqa: F401
   logging.info("JAX %s, %d processes, devices: %s", jax.__version__,
                jax.process_count(), jax.devices())
   allocator = host_memory.allocator()

@@ -163,8 +163,9 @@ def build(config, devices, size: str = "", vocab_size: int = 0) -> Built:
   """The run's own program for `config` over a mesh of `devices`: what
   `train._train_and_evaluate` / `finetune.run._run` build, from the same
   functions, without data, checkpoints or a workdir."""
-  from maelm_jax import (config_lib, flops, sharding, train,  # pylint: disable=g-import-not-at-top
-                         train_lib)
+  from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import flops  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import config_lib, train, train_lib  # pylint: disable=g-import-not-at-top
   mode = config.get("mode", "pretrain")
   if mode == "pretrain":
     config = config_lib.resolve(config)
@@ -184,7 +185,9 @@ def build(config, devices, size: str = "", vocab_size: int = 0) -> Built:
 
 
 def _build_finetune(config, devices, size, vocab_size) -> Built:
-  from maelm_jax import checkpoints, flops, model as model_lib, sharding  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import flops, model as model_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
   from maelm_jax.finetune import run as finetune_run  # pylint: disable=g-import-not-at-top
   from maelm_jax.finetune.tasks import GlueProblem, SquadProblem  # pylint: disable=g-import-not-at-top
   if bool(config.init_from) == bool(size):
@@ -199,7 +202,7 @@ def _build_finetune(config, devices, size, vocab_size) -> Built:
   finetune_run.validate(checked)
   if config.init_from:
     finetune_run.check_pretrained(config)
-    pretrained = checkpoints.load_pretrained(
+    pretrained = pretrained_lib.load_pretrained(
         config.init_from, encoder_only=True, read_params=False,
         step=None if config.init_step < 0 else config.init_step)
     pretrained_cfg = pretrained.model_cfg
@@ -267,7 +270,7 @@ def kernel_uncounted_share(device) -> float:
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-    from maelm_jax import attention  # pylint: disable=g-import-not-at-top
+    from maelm_jax.modeling import attention  # pylint: disable=g-import-not-at-top
     b, h, n, d = 2, 2, 256, 128
     placed = NamedSharding(Mesh([device], ("x",)), PartitionSpec())
     qkv = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16, sharding=placed)
@@ -292,7 +295,7 @@ def _attention_by_site(choices) -> dict[str, dict]:
       site["implementation"] = "mixed"
   for site in sites.values():
     if site["implementation"] == "tpu_flash":
-      from maelm_jax import attention  # pylint: disable=g-import-not-at-top
+      from maelm_jax.modeling import attention  # pylint: disable=g-import-not-at-top
       site["kernel_lengths"] = [attention.padded_length(site["q_len"]),
                                 attention.padded_length(site["kv_len"])]
   return sites
@@ -344,7 +347,8 @@ def one_more_layer(built: Built, devices) -> tuple[dict, int]:
 def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> dict:
   """Compiles `built`'s train step for `devices` and reads what it costs.
   estimate=False: memory only (no probe compiles for a scanned step's FLOPs)."""
-  from maelm_jax import attention, flops, hlo_stats  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import attention, flops  # pylint: disable=g-import-not-at-top
+  from maelm_jax.tools import hlo_stats  # pylint: disable=g-import-not-at-top
   program, model_cfg, mesh = built.program, built.model_cfg, built.mesh
   chips = len(devices)
   chip = flops.chip(devices[0].device_kind)
@@ -467,7 +471,7 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
 # --------------------------------------------------------------------------
 def _with(config, overrides: dict):
   """A copy of `config` with dotted overrides."""
-  from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
   copy = config.copy_and_resolve_references()
   with copy.unlocked():
     for key, value in overrides.items():
@@ -677,7 +681,7 @@ def define_flags():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from maelm_jax.errors import error_message, is_user_error  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core.errors import error_message, is_user_error  # pylint: disable=g-import-not-at-top
   try:
     status, result, lines = run(FLAGS.config, FLAGS.topology, FLAGS.out, FLAGS.size,
                                 FLAGS.vocab_size)
@@ -698,6 +702,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from maelm_jax.errors import parse_flags  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core.errors import parse_flags  # pylint: disable=g-import-not-at-top
   define_flags()
   app.run(main, flags_parser=parse_flags)

@@ -38,7 +38,8 @@ from typing import Any, Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import checkpoints, config_lib, errors, workdir as workdir_lib
+from maelm_jax.run import checkpoints, config_lib
+from maelm_jax.core import errors, workdir as workdir_lib
 
 LAUNCHERS = ("local", "tpu_pod", "slurm")
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from maelm_jax import blimp  # noqa: E402
+from maelm_jax.evaluate import blimp  # noqa: E402
 
 MINICONS_METRIC = {"token": "original", "word_l2r": "within_word_l2r"}
 

@@ -17,7 +17,8 @@ import pathlib
 
 import sentencepiece as spm
 
-from maelm_jax import export_hf, sources
+from maelm_jax.interop import export_hf
+from maelm_jax.data import sources
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 

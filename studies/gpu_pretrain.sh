@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 25's lever on one GPU (benchmarks/RESULTS.md, "The lever on one GPU"): the
+# Issue 25's lever on one GPU (studies/RESULTS.md, "The lever on one GPU"): the
 # 8-layer tiny encoder of each objective in OBJECTIVES (names of configs/compare.py)
 # pretrained side by side on one GPU at one FLOP budget, sized by a probe of all of
 # them running together so that each finishes its schedule in about SAFETY * RUN_S

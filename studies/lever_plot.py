@@ -1,6 +1,6 @@
 r"""BLiMP and held-out [MASK] accuracy against pretraining FLOPs (log axis) for
 runs of very different budgets, e.g. the CPU study's 8-layer MLM against the
-same model pretrained on one GPU (benchmarks/RESULTS.md, "The lever on one GPU").
+same model pretrained on one GPU (studies/RESULTS.md, "The lever on one GPU").
 
   python studies/lever_plot.py --out=docs/lever_gpu.png \
       --run=mlm_cpu_240tf=/work/study8/pretrain/mlm_seed0:/work/study8/blimp/mlm_seed0 \
@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ml_collections  # noqa: E402
 
-from maelm_jax import compare, workdir as workdir_lib  # noqa: E402
+from maelm_jax import compare  # noqa: E402
+from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 
 
 def main() -> None:

@@ -34,7 +34,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from maelm_jax import checkpoints, model as model_lib  # noqa: E402
+from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
+from maelm_jax.modeling import model as model_lib  # noqa: E402
 
 SST2 = REPO.parent / "shared" / "data" / "glue" / "SST-2"
 
@@ -138,7 +139,7 @@ def main():
   train_x, train_y = read(SST2 / "train.tsv", args.train)
   dev_x, dev_y = read(SST2 / "dev.tsv", None)
   if args.corpus_baseline:
-    tokenizer = checkpoints.load_pretrained(args.workdirs[0],
+    tokenizer = pretrained_lib.load_pretrained(args.workdirs[0],
                                             read_params=False).tokenizer
     vectors = ppmi_svd_vectors(corpus_documents(args.corpus_baseline, tokenizer),
                                tokenizer.vocab_size)
@@ -158,7 +159,7 @@ def main():
             f"{word_vector_accuracy(table, tokenizer, (train_x, train_y), (dev_x, dev_y)):.3f}",
             flush=True)
   for workdir in args.workdirs:
-    full = checkpoints.load_pretrained(workdir, scan_layers=False, encoder_only=False)
+    full = pretrained_lib.load_pretrained(workdir, scan_layers=False, encoder_only=False)
     tables = {"input embeddings": full.params["token_embed"]["embedding"]}
     if "embedding" in full.params.get("lm_head", {}):
       tables["output embeddings (untied LM head)"] = full.params["lm_head"]["embedding"]

@@ -30,8 +30,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "configs")]
 
 import pretrain  # noqa: E402  (configs/pretrain.py)
-from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib, train  # noqa: E402
-from maelm_jax import workdir as workdir_lib  # noqa: E402
+from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib  # noqa: E402
+from maelm_jax.run import train  # noqa: E402
+from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 
 BOOKS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
 
@@ -65,7 +66,7 @@ def apply_overrides(config, items):
 def train_flops_per_step(workdir: pathlib.Path) -> float:
   """The FLOP model's training FLOPs per step of the run in `workdir`."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from maelm_jax import flops, model as model_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import flops, model as model_lib  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(workdir_lib.read_config(str(workdir)))
   vocab = tokenizer_lib.open_tokenizer(
       tokenizer_lib.workdir_tokenizer_path(str(workdir))).vocab_size
@@ -135,7 +136,7 @@ def table(results: str, names: list[str]) -> str:
   """Markdown: per probe, when it left the unigram plateau, passed bigram and reached
   twice unigram, in steps and in training FLOPs (baselines.ACCURACY_MARGIN is
   "left"; the demo's bar is 2x unigram and above bigram)."""
-  from maelm_jax import baselines  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import baselines  # pylint: disable=g-import-not-at-top
   records = [json.loads(line) for line in open(results)]
   lines = ["| probe | GFLOP/step | left plateau at step (TFLOP) | interpolated (TFLOP) "
            "| above bigram at step (TFLOP) | [MASK] acc / loss at the end "

@@ -45,7 +45,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from maelm_jax import workdir as workdir_lib  # noqa: E402
+from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 START, END = "<!-- pretraining_helps:start -->", "<!-- pretraining_helps:end -->"
@@ -73,7 +73,7 @@ def parse_args(argv=None):
   p.add_argument("--sst2_examples", type=int, default=8000)
   p.add_argument("--epochs", default="sst2=2,qnli=3,cola=2")
   p.add_argument("--max_seq_len", default="sst2=64,qnli=128,cola=48")
-  p.add_argument("--results", default=str(REPO / "benchmarks" / "RESULTS.md"))
+  p.add_argument("--results", default=str(REPO / "studies" / "RESULTS.md"))
   p.add_argument("--dry_run", action="store_true",
                  help="tiny settings, results not written (smoke test)")
   args = p.parse_args(argv)

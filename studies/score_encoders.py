@@ -11,7 +11,7 @@ config). Resumable: finished runs are skipped.
 
 Used for issue 25's lever: an 8-layer `tiny` pretrained on one GPU, fine-tuned
 and scored on the 2 CPU cores exactly as `/work/study8`'s encoders were
-(benchmarks/RESULTS.md, "The lever").
+(studies/RESULTS.md, "The lever").
 """
 
 import json
@@ -19,7 +19,8 @@ import os
 
 from absl import app, flags
 
-from maelm_jax import compare, config_lib
+from maelm_jax import compare
+from maelm_jax.run import config_lib
 
 flags.DEFINE_string("out", None, "Output folder (glue/, glue_select/, finetune/, blimp/).")
 flags.DEFINE_list("encoders", None, "name=pretraining workdir, ...")

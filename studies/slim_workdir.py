@@ -19,7 +19,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from maelm_jax import checkpoints, tokenizer, workdir  # noqa: E402
+from maelm_jax.run import checkpoints  # noqa: E402
+from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
+from maelm_jax.data import tokenizer  # noqa: E402
+from maelm_jax.core import workdir  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--dtype=")]
 dtypes = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--dtype=")]
@@ -30,7 +33,7 @@ src, dst = args[:2]
 steps = checkpoints.committed_steps(src)
 if len(args) > 2:  # "half": the kept step nearest half the last one.
   steps = [min(steps, key=lambda s: abs(s - steps[-1] / 2))]
-params, step = checkpoints.restore_params(src, steps[-1])
+params, step = pretrained_lib.restore_params(src, steps[-1])
 if dtypes:
   dtype = jax.numpy.dtype(dtypes[0])
   params = jax.tree.map(lambda x: np.asarray(x).astype(dtype) if jax.numpy.issubdtype(

@@ -1,4 +1,4 @@
-r"""The figures behind RESULTS.md, "Does pretraining pay?", that are not a run's output.
+r"""The figures behind studies/RESULTS.md, "Does pretraining pay?", that are not a run's output.
 
   python studies/study_diagnostics.py corpus     # read time, peak RSS, tokenizer sample mix
   python studies/study_diagnostics.py weights --pretrained=W --step=3000 --control=C
@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from maelm_jax import checkpoints  # noqa: E402
+from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 SPEC = (f"text:{DATA}/corpus/wikipedia/*.jsonl.xz,{DATA}/corpus/imdb/*.jsonl.xz")
@@ -39,7 +39,7 @@ IMDB_DOCUMENTS = 50_000  # imdb/ sorts before wikipedia/: corpus indices 0..49,9
 
 def corpus(_):
   import grain  # pylint: disable=g-import-not-at-top
-  from maelm_jax import sources  # pylint: disable=g-import-not-at-top
+  from maelm_jax.data import sources  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   train = sources.open_source(SPEC, "train")
   sources.open_source(SPEC, "eval")
@@ -66,12 +66,12 @@ def corpus(_):
 
 
 def weights(args):
-  from maelm_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   import csv  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   collections = ("token_embed", "encoder")
-  pre, _ = checkpoints.restore_params(args.pretrained, args.step, collections)
-  init, _ = checkpoints.restore_params(args.control, None, collections)
+  pre, _ = pretrained_lib.restore_params(args.pretrained, args.step, collections)
+  init, _ = pretrained_lib.restore_params(args.control, None, collections)
   flat = lambda t: {jax.tree_util.keystr(k): np.asarray(v)
                     for k, v in jax.tree_util.tree_flatten_with_path(t)[0]}
   init = flat(init)
@@ -97,7 +97,7 @@ def weights(args):
 
 
 def blimp_nats(args):
-  from maelm_jax import blimp  # pylint: disable=g-import-not-at-top
+  from maelm_jax.evaluate import blimp  # pylint: disable=g-import-not-at-top
   pairs = blimp.read_pairs(str(DATA / "blimp"), 10)
   run = blimp.load_run(args.workdir, None)
   rows = blimp.sentence_ids(run.tokenizer, [p.good for p in pairs])
@@ -112,9 +112,9 @@ def blimp_nats(args):
 
 def transplant(args):
   from maelm_jax.finetune import sweep  # pylint: disable=g-import-not-at-top
-  control = np.asarray(checkpoints.restore_params(args.control, None, ("token_embed",))[
+  control = np.asarray(pretrained_lib.restore_params(args.control, None, ("token_embed",))[
       0]["token_embed"]["embedding"])
-  original = checkpoints.read_pretrained_params
+  original = pretrained_lib.read_pretrained_params
 
   def swapped(workdir, pretrained, **kwargs):
     loaded = original(workdir, pretrained, **kwargs)
@@ -125,7 +125,7 @@ def transplant(args):
     loaded.params["token_embed"]["embedding"] = table
     return loaded
 
-  checkpoints.read_pretrained_params = swapped  # The fine-tuning loop reads it here.
+  pretrained_lib.read_pretrained_params = swapped  # The fine-tuning loop reads it here.
   overrides = {"init_from": args.pretrained, "init_step": args.step,
                "data.dir": str(DATA / "glue"), "dtype": "float32", "batch_size": 32,
                "pooling": "mean", "num_epochs": 2, "max_seq_len": 64,

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 import glue  # noqa: E402
 import linear_probe  # noqa: E402
-from maelm_jax import checkpoints  # noqa: E402
+from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
 from maelm_jax.finetune import run  # noqa: E402
 
 BOOKS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg" / "*.txt.xz"
@@ -48,10 +48,10 @@ def main():
   p.add_argument("--sst2_examples", type=int, default=8000)
   args = p.parse_args()
 
-  tokenizer = checkpoints.load_pretrained(args.init, read_params=False).tokenizer
+  tokenizer = pretrained_lib.load_pretrained(args.init, read_params=False).tokenizer
   vectors = linear_probe.ppmi_svd_vectors(
       linear_probe.corpus_documents(args.corpus, tokenizer), tokenizer.vocab_size)
-  read_params = checkpoints.read_pretrained_params
+  read_params = pretrained_lib.read_pretrained_params
   use_vectors = {"on": False}
 
   def with_corpus_vectors(workdir, pretrained, **kwargs):
@@ -62,7 +62,7 @@ def main():
           vectors / vectors.std() * table.std()).astype(table.dtype)
     return pretrained
 
-  checkpoints.read_pretrained_params = with_corpus_vectors  # What run.run reads.
+  pretrained_lib.read_pretrained_params = with_corpus_vectors  # What run.run reads.
   scores = {"random init": [], "random init + corpus PPMI-SVD embeddings": []}
   for seed in [int(s) for s in args.seeds.split(",")]:
     for name in scores:

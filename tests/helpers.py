@@ -8,7 +8,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import pretrain  # noqa: E402
 
-from maelm_jax import config_lib  # noqa: E402
+from maelm_jax.run import config_lib  # noqa: E402
 
 
 def tiny_config(objective="maelm", **overrides):

@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from maelm_jax import checkpoints  # noqa: E402
+from maelm_jax.run import checkpoints  # noqa: E402
 
 mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
 rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))

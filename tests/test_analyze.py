@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import analyze, model as model_lib, tokenizer as tokenizer_lib
+from maelm_jax.evaluate import analyze
+from maelm_jax.modeling import model as model_lib
+from maelm_jax.data import tokenizer as tokenizer_lib
 from tests.helpers import random_ids, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -125,7 +127,7 @@ def test_layer_representations_of_a_model_with_known_rank(ln_type):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
   """A one-step tiny MLM pretraining workdir on the pydoc corpus."""
-  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   workdir = tmp_path_factory.mktemp("analyze") / "tiny_mlm"
   train.train_and_evaluate(tiny_config("mlm", **{
       "data.source": "pydoc:", "data.eval_fraction": 0.05,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from maelm_jax import attention, config_lib, masking, model as model_lib
+from maelm_jax.modeling import attention, masking, model as model_lib
+from maelm_jax.run import config_lib
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -173,7 +174,8 @@ def test_tpu_flash_kernel_runs_per_shard_in_the_sharded_train_step(monkeypatch):
   same semantics (`mha_reference`: bias added before the scale), since Pallas' TPU
   interpreter does not run under 8 fake devices; the test above runs the kernel."""
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_kernel  # pylint: disable=g-import-not-at-top
-  from maelm_jax import sharding, train_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train_lib  # pylint: disable=g-import-not-at-top
   shard_shapes = []
 
   def reference_kernel(q, k, v, ab=None, *, sm_scale, block_sizes):

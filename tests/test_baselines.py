@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import baselines, corpus_report, masking, model as model_lib, train_lib
+from maelm_jax.run import baselines, train_lib
+from maelm_jax.data import corpus_report
+from maelm_jax.modeling import masking, model as model_lib
 from tests.helpers import tiny_config
 
 V = 10  # ids 0..4 special, 5..9 words.

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import blimp, masking, model as model_lib
+from maelm_jax.evaluate import blimp
+from maelm_jax.modeling import masking, model as model_lib
 from tests.helpers import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -193,7 +194,7 @@ def test_read_pairs_names_bad_files(tmp_path):
 @pytest.fixture(scope="module")
 def workdirs(tmp_path_factory):
   """One-step tiny MLM and MAE-LM pretraining workdirs on the pydoc corpus."""
-  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("blimp")
   made = []
   for objective in ("mlm", "maelm"):

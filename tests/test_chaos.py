@@ -10,7 +10,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from maelm_jax import chaos, checkpoints
+from maelm_jax.tools import chaos
+from maelm_jax.run import checkpoints
 
 PLANS = {
     "pretrain": [("compilation", "SIGKILL"), ("steps", "SIGTERM"),

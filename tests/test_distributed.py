@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from maelm_jax import distributed
-from maelm_jax.distributed import DistributedConfigError, detect
+from maelm_jax.run import distributed
+from maelm_jax.run.distributed import DistributedConfigError, detect
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "launch" / "local.sh"
@@ -567,8 +567,8 @@ def test_tpu_pod_installs_and_preloads_jemalloc_on_each_worker(fake_jemalloc, tm
 
 
 def test_the_launchers_search_where_host_memory_does():
-  """launch/jemalloc.sh and maelm_jax/host_memory.py list the same places."""
-  from maelm_jax import host_memory  # pylint: disable=import-outside-toplevel
+  """launch/jemalloc.sh and maelm_jax/run/host_memory.py list the same places."""
+  from maelm_jax.run import host_memory  # pylint: disable=import-outside-toplevel
   text = (REPO / "launch" / "jemalloc.sh").read_text()
   block = text[text.index('JEMALLOC_PATHS="') + len('JEMALLOC_PATHS="'):]
   shell_paths = tuple(block[:block.index('"')].split())

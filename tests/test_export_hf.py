@@ -19,8 +19,11 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from maelm_jax import checkpoints, export_hf, model as model_lib, sources  # noqa: E402
-from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
+from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
+from maelm_jax.interop import export_hf  # noqa: E402
+from maelm_jax.modeling import model as model_lib  # noqa: E402
+from maelm_jax.data import sources  # noqa: E402
+from maelm_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
 TRICKY_TEXTS = [
@@ -33,7 +36,7 @@ TRICKY_TEXTS = [
 
 def pretrain(workdir, **overrides):
   """A 2-step tiny pretraining run on the embedded pydoc corpus."""
-  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   objective = overrides.pop("objective", "mlm")
   config = tiny_config(objective, **{
       "data.source": "pydoc:", "data.eval_fraction": 0.05,
@@ -46,7 +49,7 @@ def pretrain(workdir, **overrides):
 
 def jax_outputs(workdir, input_ids):
   """Last hidden states and MLM-head logits of the JAX model, float32."""
-  p = checkpoints.load_pretrained(str(workdir), encoder_only=False)
+  p = pretrained_lib.load_pretrained(str(workdir), encoder_only=False)
   cfg = p.model_cfg.__class__(**{**p.model_cfg.__dict__, "dtype": jnp.float32})
   hidden = model_lib.Encoder(cfg).apply(
       {"params": model_lib.encoder_params(p.params)}, jnp.asarray(input_ids))

@@ -20,7 +20,10 @@ import numpy as np
 import optax
 import pytest
 
-from maelm_jax import checkpoints, config_lib, model as model_lib, sharding
+from maelm_jax.run import checkpoints, config_lib
+from maelm_jax.run import pretrained as pretrained_lib
+from maelm_jax.modeling import model as model_lib
+from maelm_jax.core import sharding
 from maelm_jax.finetune import heads, run, squad_metrics, sweep
 from tests.helpers import tiny_config
 
@@ -42,7 +45,7 @@ def pretrained(tmp_path_factory, worker_id):
   with open(root / "tiny_maelm_pretrained.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not (workdir / "READY").exists():
-      from maelm_jax import train  # pylint: disable=g-import-not-at-top
+      from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
       config = tiny_config("maelm", **{
           "data.source": "pydoc:", "data.eval_fraction": 0.05,
           "tokenizer.vocab_size": 600, "batch_size": 8, "seq_len": 64,
@@ -428,7 +431,7 @@ def test_grid_keeps_each_tasks_defaults_under_the_overrides():
 
 
 def test_state_starts_from_the_pretrained_encoder_with_a_new_head(pretrained):
-  loaded = checkpoints.load_pretrained(str(pretrained))
+  loaded = pretrained_lib.load_pretrained(str(pretrained))
   mesh = sharding.make_mesh((2, 2, 2))
   model = heads.SequenceClassifier(loaded.model_cfg, num_outputs=3)
   state, shardings = run.create_state(model, 16, loaded.params, optax.adamw(1e-3),

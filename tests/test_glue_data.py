@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from maelm_jax import sources
+from maelm_jax.data import sources
 from maelm_jax.finetune import glue_data
 
 BOM = "\ufeff"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from maelm_jax import host_memory
+from maelm_jax.run import host_memory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,11 @@ pytest.importorskip("tokenizers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from maelm_jax import checkpoints, import_fairseq, masking, relative_position  # noqa: E402
-from maelm_jax import model as model_lib, train_lib  # noqa: E402
+from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
+from maelm_jax.interop import import_fairseq  # noqa: E402
+from maelm_jax.modeling import masking, relative_position  # noqa: E402
+from maelm_jax.modeling import model as model_lib  # noqa: E402
+from maelm_jax.run import train_lib  # noqa: E402
 from tests import mae_lm_reference as ref  # noqa: E402
 from tests.helpers import pretrain  # noqa: E402
 from tests.test_import_hf import make_roberta  # noqa: E402
@@ -96,7 +99,7 @@ def test_paper_maelm_matches_the_release_forward(tmp_path):
   rows with padding, masked slots at both ends, relative positions spanning every
   bucket kind; the weights went through import_fairseq (names, vocabulary order)."""
   reference, workdir = _release(tmp_path)
-  run = checkpoints.load_pretrained(workdir, encoder_only=False)
+  run = pretrained_lib.load_pretrained(workdir, encoder_only=False)
   cfg, params = run.model_cfg, run.params
   assert (cfg.relative_bucket_fn, cfg.untie_cls_position, cfg.ln_type) == (
       "mae_lm", False, "post")
@@ -206,7 +209,7 @@ def test_release_import_exports_to_transformers(tmp_path):
   """The import (release buckets, [CLS] biased like any pair, post-LN with a
   relative table) exports as the remote-code kind, and transformers' model of it
   gives the JAX hidden states."""
-  from maelm_jax import export_hf
+  from maelm_jax.interop import export_hf
   from tests.test_export_hf import assert_transformers_reproduces
   _, workdir = _release(tmp_path)
   out = str(tmp_path / "hf")

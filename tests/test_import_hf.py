@@ -18,8 +18,10 @@ tokenizers = pytest.importorskip("tokenizers")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from maelm_jax import checkpoints, export_hf, import_hf, model as model_lib  # noqa: E402
-from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
+from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
+from maelm_jax.interop import export_hf, import_hf  # noqa: E402
+from maelm_jax.modeling import model as model_lib  # noqa: E402
+from maelm_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 from tests.test_export_hf import TRICKY_TEXTS, pydoc_sentences  # noqa: E402
 
@@ -91,7 +93,7 @@ def make_bert(root, vocab_size=300):
 
 def ours(workdir, ids):
   """Last hidden states and MLM logits of the imported model, float32."""
-  p = checkpoints.load_pretrained(str(workdir), encoder_only=False)
+  p = pretrained_lib.load_pretrained(str(workdir), encoder_only=False)
   hidden = model_lib.Encoder(p.model_cfg).apply(
       {"params": model_lib.encoder_params(p.params)}, jnp.asarray(ids))
   logits = model_lib.LMHead(p.model_cfg).apply(
@@ -187,8 +189,8 @@ def test_export_then_import_gives_the_same_tensors(roberta, tmp_path):
   hf_out = transformers.AutoModelForMaskedLM.from_pretrained(out)
   assert type(hf_out).__name__ == "RobertaForMaskedLM"
   import_hf.import_checkpoint(str(out), str(tmp_path / "again"))
-  first = checkpoints.load_pretrained(str(root / "w"), encoder_only=False)
-  second = checkpoints.load_pretrained(str(tmp_path / "again"), encoder_only=False)
+  first = pretrained_lib.load_pretrained(str(root / "w"), encoder_only=False)
+  second = pretrained_lib.load_pretrained(str(tmp_path / "again"), encoder_only=False)
   flat_a = dict(jax_tree_flatten(first.params))
   flat_b = dict(jax_tree_flatten(second.params))
   assert flat_a.keys() == flat_b.keys()
@@ -209,7 +211,8 @@ def jax_tree_flatten(tree, prefix=""):
 def test_import_feeds_maelm_pretraining_fine_tuning_and_blimp(roberta, tmp_path):
   """Continued pretraining with a fresh MAE-LM decoder, then the BLiMP scorer and
   GLUE fine-tuning start from the import."""
-  from maelm_jax import blimp, train  # pylint: disable=g-import-not-at-top
+  from maelm_jax.evaluate import blimp  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   _, _, root, _ = roberta
   saved = json.loads((root / "w" / "config.json").read_text())
   shape = {f"model.{k}": saved["model"][k] for k in import_hf.SHAPE_KEYS}
@@ -222,8 +225,8 @@ def test_import_feeds_maelm_pretraining_fine_tuning_and_blimp(roberta, tmp_path)
   workdir = tmp_path / "continued"
   train.train_and_evaluate(config, str(workdir))
   assert (workdir / "tokenizer.json").exists()
-  first = checkpoints.load_pretrained(str(root / "w"), encoder_only=True)
-  after = checkpoints.load_pretrained(str(workdir), encoder_only=False)
+  first = pretrained_lib.load_pretrained(str(root / "w"), encoder_only=True)
+  after = pretrained_lib.load_pretrained(str(workdir), encoder_only=False)
   assert "decoder" in after.params and after.step == 2
   moved = np.abs(np.asarray(after.params["token_embed"]["embedding"])
                  - np.asarray(first.params["token_embed"]["embedding"])).max()
@@ -334,7 +337,7 @@ def test_pretraining_from_scratch_with_a_raw_hugging_face_tokenizer(tmp_path,
   same command resumes, and ids are transformers' ids up to that re-indexing (a
   special token typed in the text stays text, as everywhere in the project)."""
   import tempfile  # pylint: disable=g-import-not-at-top
-  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   src = tmp_path / "bert"
   _, fast = make_bert(str(src))
   raw = src / "tokenizer.json"
@@ -363,7 +366,7 @@ def test_pretraining_from_scratch_with_a_raw_hugging_face_tokenizer(tmp_path,
       continue
     assert ours == fast(text, add_special_tokens=False)["input_ids"], text
   train.train_and_evaluate(config(4), str(workdir))  # Resumes: the same tokenizer.
-  assert checkpoints.load_pretrained(str(workdir)).step == 4
+  assert pretrained_lib.load_pretrained(str(workdir)).step == 4
   assert not os.listdir(staging)  # The staged re-indexed copy is gone.
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import masking
+from maelm_jax.modeling import masking
 from tests.helpers import random_ids
 
 VOCAB = 50
@@ -264,7 +264,7 @@ def test_per_row_masks_the_ratio_of_a_batch_of_documents():
 
 def test_training_masks_per_row_for_complete_doc_rows():
   from configs import pretrain
-  from maelm_jax import config_lib, train
+  from maelm_jax.run import config_lib, train
   config = config_lib.resolve(pretrain.get_config("objective=maelm,size=tiny"))
   assert not train.pretraining_model_config(config, 600, 4).mask_counts(64).per_row
   config.data.rows = "complete_doc"

@@ -25,7 +25,8 @@ def test_largest_fitting_finds_the_boundary_in_few_calls(capacity):
 
 def test_planned_step_bytes_hold_the_state_and_grow_with_the_batch():
   import jax  # pylint: disable=g-import-not-at-top
-  from maelm_jax import sharding, train_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train_lib  # pylint: disable=g-import-not-at-top
   cfg, config = max_batch.compile_time.model_config("tiny", "mlm", "float32", 512)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   abstract, _ = train_lib.abstract_sharded_state(

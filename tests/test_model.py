@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config_lib, masking, model as model_lib, relative_position
+from maelm_jax.run import config_lib
+from maelm_jax.modeling import masking, model as model_lib, relative_position
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -388,7 +389,7 @@ def test_relative_bias_lookup_has_indexings_values_and_gradient():
 def test_cudnn_gets_its_bias_in_the_activation_dtype_cast_once(monkeypatch):
   """bf16 layers on the cuDNN path read a bf16 bias made once before the stack
   (not a float32 one cast in every layer); the einsum path keeps float32."""
-  from maelm_jax import attention
+  from maelm_jax.modeling import attention
   cfg = build("mlm", **{"model.attention_dropout": 0.0, "model.dropout": 0.0,
                         "model.dtype": "bfloat16"})
   ids = random_ids(2, 16, VOCAB, num_pad=3)

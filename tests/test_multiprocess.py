@@ -30,8 +30,8 @@ import time
 import numpy as np
 import pytest
 
-from maelm_jax import host_memory
-from maelm_jax import prepare_data
+from maelm_jax.run import host_memory
+from maelm_jax.data import prepare_data
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "launch" / "local.sh"

@@ -13,8 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from maelm_jax import checkpoints, workdir as workdir_lib
-from maelm_jax.metric_writers import truncate_jsonl
+from maelm_jax.run import checkpoints
+from maelm_jax.run import pretrained as pretrained_lib
+from maelm_jax.core import workdir as workdir_lib
+from maelm_jax.run.metric_writers import truncate_jsonl
 from tests.test_resume import (REPO, TOTAL_STEPS, command, losses, reference,  # noqa: F401
                                run, steps_logged, tokenizer_file)  # (fixtures)
 
@@ -247,7 +249,7 @@ def test_the_workdir_reads_back_its_own_files(tmp_path):
   """workdir.py owns config.json and metrics.jsonl: readers skip a torn line,
   and a config write killed half-way leaves the previous config whole."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from maelm_jax import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from maelm_jax.core import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   assert workdir_lib.read_config(str(tmp_path)) is None
   assert workdir_lib.read_metrics(str(tmp_path)) == []
   workdir_lib.write_config(ml_collections.ConfigDict({"mode": "glue", "seed": 1}),
@@ -392,7 +394,7 @@ def test_a_full_disk_stops_in_one_line_and_the_same_command_resumes(
   newest = checkpoints.latest_step(str(left))
   assert newest in (5, 10)
   checkpoints.verify_checksums(str(left / "checkpoints" / str(newest)))
-  checkpoints.restore_params(str(left), newest)  # Readable, whole.
+  pretrained_lib.restore_params(str(left), newest)  # Readable, whole.
   assert (out / "second.rc").read_text().strip() == "0", (
       (out / "second.err").read_text()[-3000:])
   assert f"at step {newest}" in (out / "second.err").read_text()
@@ -431,7 +433,7 @@ def test_full_disk_tracebacks_of_orbax_and_asyncio_are_left_to_the_one_line():
   assert not quiet.filter(record("/x/orbax/checkpoint/_src/a.py", full))
   assert quiet.filter(record("/x/lib/python3.11/asyncio/base_events.py",
                              "Task exception was never retrieved: KeyError"))
-  assert quiet.filter(record("/x/maelm_jax/train.py", full))  # Our own: kept.
+  assert quiet.filter(record("/x/maelm_jax/run/train.py", full))  # Our own: kept.
 
 
 def test_a_refused_resume_closes_the_checkpoint_manager(trained, tmp_path, monkeypatch):
@@ -439,7 +441,7 @@ def test_a_refused_resume_closes_the_checkpoint_manager(trained, tmp_path, monke
   the restore (orbax's threads) is closed when the resume is refused, not left
   running beside the next try."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from maelm_jax import train  # pylint: disable=import-outside-toplevel
+  from maelm_jax.run import train  # pylint: disable=import-outside-toplevel
   workdir = copy_of(trained, tmp_path)
   before = snapshot(workdir)
   opened = []

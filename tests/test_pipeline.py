@@ -7,9 +7,9 @@ import grain
 import numpy as np
 import pytest
 
-from maelm_jax import pipeline
-from maelm_jax import sources
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.data import pipeline
+from maelm_jax.data import sources
+from maelm_jax.data import tokenizer as tokenizer_lib
 
 CLS, SEP, PAD = tokenizer_lib.CLS_ID, tokenizer_lib.SEP_ID, tokenizer_lib.PAD_ID
 
@@ -410,7 +410,7 @@ def test_corpus_without_tokens_fails_instead_of_hanging(tokenizer, monkeypatch):
 
 KILLED_TRAINER = r"""
 import os, signal, sys
-from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib
+from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib
 tokenizer = tokenizer_lib.open_tokenizer(sys.argv[1])
 
 

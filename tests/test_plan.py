@@ -11,7 +11,11 @@ import sys
 import jax
 import pytest
 
-from maelm_jax import attention, hlo_stats, plan, sharding, train, train_lib
+from maelm_jax.modeling import attention
+from maelm_jax.tools import hlo_stats
+from maelm_jax import plan
+from maelm_jax.core import sharding
+from maelm_jax.run import train, train_lib
 from maelm_jax.finetune import run as finetune_run
 from tests.helpers import tiny_config
 from tests.test_finetune_e2e import glue_test_config, pretrained, write_sst2  # noqa: F401

@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from maelm_jax import pipeline
-from maelm_jax import prepare_data
-from maelm_jax import prepared
-from maelm_jax import sources
-from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax import train
+from maelm_jax.data import pipeline
+from maelm_jax.data import prepare_data
+from maelm_jax.data import prepared
+from maelm_jax.data import sources
+from maelm_jax.data import tokenizer as tokenizer_lib
+from maelm_jax.run import train
 from tests import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from maelm_jax import profiling
+from maelm_jax.tools import profiling
 
 
 def test_exclusive_times_charge_a_parent_only_for_its_own_time():

@@ -13,7 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from maelm_jax import checkpoints, model as model_lib, sharding, train, train_lib
+from maelm_jax.run import checkpoints, train, train_lib
+from maelm_jax.modeling import model as model_lib
+from maelm_jax.core import sharding
 from tests.helpers import random_ids, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -33,7 +35,7 @@ RUN_ARGS = [
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory):
   """One tokenizer for every run here, so no run spends time training one."""
-  from maelm_jax import pipeline, sources, tokenizer as tokenizer_lib
+  from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib
   directory = tmp_path_factory.mktemp("tokenizer")
   tokenizer_lib.train_tokenizer(
       pipeline.training_texts(sources.open_source("pydoc:", "train")),

@@ -9,7 +9,8 @@ import signal
 import pytest
 
 from configs import glue as glue_config
-from maelm_jax import run_session, workdir as workdir_lib
+from maelm_jax.run import run_session
+from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.finetune import run as finetune_run
 from tests.helpers import tiny_config
 

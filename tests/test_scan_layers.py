@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import checkpoints, masking, model as model_lib, param_layout
+from maelm_jax.run import pretrained as pretrained_lib
+from maelm_jax.modeling import masking, model as model_lib, param_layout
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -90,7 +91,8 @@ def test_stack_and_unstack_are_inverse_and_leave_other_keys_alone():
 def test_scanned_and_unrolled_runs_train_alike_for_several_steps():
   """The same weights in either layout, the real jitted train step (masking,
   dropout off, AdamW, clipping) for 4 steps: the same losses, the same weights."""
-  from maelm_jax import sharding, train_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train_lib  # pylint: disable=g-import-not-at-top
   config = tiny_config("maelm", **{"model.dropout": 0.0, "model.attention_dropout": 0.0,
                                    "model.decoder_type": "cross"})
   unrolled = model_lib.ModelConfig.from_config(config.model, VOCAB, 4)
@@ -129,7 +131,7 @@ def test_scanned_and_unrolled_runs_train_alike_for_several_steps():
 
 
 def _pretrain(workdir, **overrides):
-  from maelm_jax import train  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   config = tiny_config("maelm", **{
       "data.source": "pydoc:", "data.eval_fraction": 0.05,
       "tokenizer.vocab_size": 600, "batch_size": 8, "seq_len": 64,
@@ -144,7 +146,7 @@ def test_a_scanned_run_feeds_init_from_fine_tuning_and_analysis(tmp_path):
   either layout with the same numbers."""
   scanned_dir, unrolled_dir = tmp_path / "scanned", tmp_path / "unrolled"
   _pretrain(scanned_dir, total_steps=2, **{"model.scan_layers": True})
-  assert checkpoints.saved_params_scanned(str(scanned_dir))
+  assert pretrained_lib.saved_params_scanned(str(scanned_dir))
   assert json.loads((scanned_dir / "config.json").read_text())["model"]["scan_layers"]
 
   # A learning rate that cannot move the weights visibly: the new run's params
@@ -152,17 +154,17 @@ def test_a_scanned_run_feeds_init_from_fine_tuning_and_analysis(tmp_path):
   _pretrain(unrolled_dir, total_steps=1, learning_rate=1e-12,
             init_from=str(scanned_dir), **{"tokenizer.path": str(
                 scanned_dir / "tokenizer.model")})
-  assert not checkpoints.saved_params_scanned(str(unrolled_dir))
-  source = checkpoints.load_pretrained(str(scanned_dir), encoder_only=False,
+  assert not pretrained_lib.saved_params_scanned(str(unrolled_dir))
+  source = pretrained_lib.load_pretrained(str(scanned_dir), encoder_only=False,
                                        scan_layers=False)
   assert not source.model_cfg.scan_layers and "layer_1" in source.params["encoder"]
-  copied, _ = checkpoints.restore_params(str(unrolled_dir))
+  copied, _ = pretrained_lib.restore_params(str(unrolled_dir))
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(source.params),
                           jax.tree.leaves(copied)):
     np.testing.assert_allclose(b, a, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
   # As saved (fine-tuning keeps the run's layout) and converted, the same encoder.
-  as_saved = checkpoints.load_pretrained(str(scanned_dir))
+  as_saved = pretrained_lib.load_pretrained(str(scanned_dir))
   assert as_saved.model_cfg.scan_layers and "layers" in as_saved.params["encoder"]
   ids = jnp.asarray(random_ids(2, 24, as_saved.tokenizer.vocab_size))
   f32 = lambda cfg: model_lib.dataclasses.replace(cfg, dtype=jnp.float32)
@@ -175,7 +177,7 @@ def test_a_scanned_run_feeds_init_from_fine_tuning_and_analysis(tmp_path):
   # The export of the scanned run holds the weights the unrolled copy holds.
   pytest.importorskip("safetensors")
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  from maelm_jax import export_hf  # pylint: disable=g-import-not-at-top
+  from maelm_jax.interop import export_hf  # pylint: disable=g-import-not-at-top
   exported = {}
   for run in (scanned_dir, unrolled_dir):
     export_hf.export(str(run), str(tmp_path / f"hf_{run.name}"))
@@ -185,7 +187,7 @@ def test_a_scanned_run_feeds_init_from_fine_tuning_and_analysis(tmp_path):
   for name, value in exported["unrolled"].items():
     np.testing.assert_allclose(exported["scanned"][name], value, atol=1e-6, err_msg=name)
 
-  from maelm_jax import analyze  # pylint: disable=g-import-not-at-top
+  from maelm_jax.evaluate import analyze  # pylint: disable=g-import-not-at-top
   ranks = analyze.analyze([str(scanned_dir)], str(tmp_path / "rank"),
                           source="pydoc:", num_tokens=256)["runs"]
   assert ranks[str(scanned_dir)]["layers"] == ["embed", "layer_1", "layer_2",

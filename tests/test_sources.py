@@ -11,7 +11,7 @@ import grain
 import pytest
 import tensorflow_datasets as tfds
 
-from maelm_jax import sources
+from maelm_jax.data import sources
 
 TEXT = """First paragraph,
 spread over   two lines.
@@ -407,3 +407,27 @@ def test_tfds_dataset_not_prepared(tmp_path):
 def test_tfds_unknown_dataset(tmp_path):
   with pytest.raises(ValueError, match="no dataset 'no_such_corpus_xyz'.*tfds build"):
     sources.open_source("tfds:no_such_corpus_xyz", "train", tfds_data_dir=str(tmp_path))
+
+
+def test_one_bad_text_rule_for_a_whole_file_and_for_its_lines():
+  """`text.Utf8Reader` decides for `sources` (a file read whole) and `prepare_data`
+  (line by line) alike: the same count of bad bytes, the same first line, the
+  same verdict."""
+  from maelm_jax.data import text as text_lib
+  data = b"good line\n" * 300 + b"caf\xe9 latin-1\n" + b"more\n" * 10
+  whole = text_lib.Utf8Reader("f")
+  whole.decode(data)
+  lines = text_lib.Utf8Reader("f")
+  for number, line in enumerate(data.splitlines(keepends=True), 1):
+    lines.decode(line, number)
+  for reader in (whole, lines):
+    reader.check()  # 1 bad byte of 3,063: under 1%, text with a warning.
+    assert (reader.bad, reader.first_bad_line, reader.total) == (1, 301, len(data))
+    assert "line 301: 1 byte(s) are not UTF-8" in reader.warning("")
+  binary = text_lib.Utf8Reader("g")
+  binary.decode(b"ok\n" + bytes(range(128, 256)) + b"\n")
+  with pytest.raises(text_lib.NotText, match="128 of its 132 bytes are not UTF-8, the "
+                     "first at line 2"):
+    binary.check()
+  with pytest.raises(text_lib.NotText, match="NUL bytes, the first at line 3"):
+    text_lib.Utf8Reader("h").decode(b"a\nb\nc\x00\n")

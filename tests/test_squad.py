@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from maelm_jax import sources, tokenizer as tokenizer_lib
+from maelm_jax.data import sources, tokenizer as tokenizer_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 
 # --------------------------------------------------------------------------

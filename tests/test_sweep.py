@@ -7,7 +7,9 @@ import subprocess
 
 import pytest
 
-from maelm_jax import compare, config_lib, flops, model as model_lib, sweep
+from maelm_jax import compare, sweep
+from maelm_jax.run import config_lib
+from maelm_jax.modeling import flops, model as model_lib
 from tests.helpers import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -213,7 +215,10 @@ def test_compare_config_picks_objectives_and_its_untrained_control_is_the_init(t
   holds exactly the seed's initial weights (one step at learning rate 0)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from maelm_jax import checkpoints, sharding, tokenizer as tokenizer_lib, train, train_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import train, train_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
+  from maelm_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   config_file = str(REPO / "configs" / "compare.py")
   toy = {"data.source": "pydoc:", "data.eval_fraction": 0.05, "tokenizer.vocab_size": 600,
          "batch_size": 8, "seq_len": 64, "eval_batches": 1, "baseline_tokens": 20_000}
@@ -230,7 +235,7 @@ def test_compare_config_picks_objectives_and_its_untrained_control_is_the_init(t
 
   workdir = tmp_path / "random_seed3"
   train.train_and_evaluate(control, str(workdir))
-  saved, step = checkpoints.restore_params(str(workdir))
+  saved, step = pretrained_lib.restore_params(str(workdir))
   assert step == 1
   tokenizer = tokenizer_lib.Tokenizer(workdir / tokenizer_lib.TOKENIZER_FILENAME)
   model_cfg = model_lib.ModelConfig.from_config(control.model, tokenizer.vocab_size,

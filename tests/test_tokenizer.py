@@ -10,7 +10,7 @@ import unicodedata
 from pydoc_data import topics
 import pytest
 
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.data import tokenizer as tokenizer_lib
 
 VOCAB = 800
 

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import flops, masking, model as model_lib, sharding, train_lib
+from maelm_jax.modeling import flops, masking, model as model_lib
+from maelm_jax.core import sharding
+from maelm_jax.run import train_lib
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 128
@@ -206,7 +208,7 @@ def test_finetuning_configs_relative_updates_reach_the_optimizer(relative):
 
 def test_finetuning_runs_from_before_layer_decay_resume_as_they_ran():
   import pathlib, sys  # pylint: disable=g-import-not-at-top,multiple-imports
-  from maelm_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
   import glue  # pylint: disable=g-import-not-at-top
   now = glue.get_config("task=sst2").to_dict()

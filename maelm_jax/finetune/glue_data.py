@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
-from maelm_jax import sources
+from maelm_jax.data import sources
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Both models keep the pretrained encoder as the `backbone` sub-tree, so its
 parameters are exactly `{token_embed, encoder}` of a pretraining checkpoint
-(`checkpoints.load_pretrained`) and the head sits beside it:
+(`pretrained.load_pretrained`) and the head sits beside it:
 
   SequenceClassifier  params {backbone: {token_embed, encoder}, head: {dense, out}}
                       first token ([CLS]) -> dropout -> dense -> tanh -> dropout
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from maelm_jax.model import NEG_INF, Encoder, ModelConfig
+from maelm_jax.modeling.model import NEG_INF, Encoder, ModelConfig
 
 
 def _kernel(axes):

@@ -47,9 +47,11 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from maelm_jax import config_defaults as defaults
-from maelm_jax import (attention, checkpoints, config_lib, metric_writers, run_session,
-                       sharding, train_lib, workdir as workdir_lib)
+from maelm_jax.core import config_defaults as defaults
+from maelm_jax.core import sharding, workdir as workdir_lib
+from maelm_jax.modeling import attention
+from maelm_jax.run import checkpoints, config_lib, metric_writers, run_session, train_lib
+from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.finetune import heads
 from maelm_jax.finetune.tasks import GlueProblem, SquadProblem
 
@@ -319,7 +321,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
 
   # -------------------------------------------------- Pretrained encoder --
   # Its config and tokenizer now; its params only if there is nothing to resume.
-  pretrained = checkpoints.load_pretrained(
+  pretrained = pretrained_lib.load_pretrained(
       config.init_from, encoder_only=True, read_params=False,
       step=None if config.init_step < 0 else config.init_step)
   model_cfg = finetune_model_config(config, pretrained.model_cfg)
@@ -360,7 +362,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       logging.info("resumed from %s at step %d (epoch %d)", manager.directory,
                    restored_step, progress["epoch"])
     else:  # A fresh start: the pretrained encoder and a new head.
-      checkpoints.read_pretrained_params(config.init_from, pretrained)
+      pretrained_lib.read_pretrained_params(config.init_from, pretrained)
       pretrain_model = pretrained.config.model
       dropped = ("no decoder (MLM)" if pretrain_model.decoder_type == "none" else
                  f"{pretrain_model.objective} decoder ({pretrain_model.decoder_type}, "

@@ -38,7 +38,7 @@ from typing import Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax import config_lib
+from maelm_jax.run import config_lib
 from maelm_jax.finetune import glue_data
 
 # The GLUE average of the papers: every task but WNLI.

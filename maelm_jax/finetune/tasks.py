@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from maelm_jax import config_defaults as defaults
+from maelm_jax.core import config_defaults as defaults
 from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 

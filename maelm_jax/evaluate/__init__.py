@@ -1,0 +1,1 @@
+"""Scoring encoders without fine-tuning: BLiMP and representation analysis."""

@@ -1,0 +1,1 @@
+"""Other ecosystems: Hugging Face export and import, fairseq import."""

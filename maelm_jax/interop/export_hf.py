@@ -1,0 +1,552 @@
+r"""Export a pretrained encoder as a Hugging Face transformers model directory.
+
+  python -m maelm_jax.export_hf --workdir=/tmp/maelm_tiny --out=/tmp/maelm_tiny_hf
+  python -m maelm_jax.export_hf --workdir=W --out=DIR --step=4000 --with_lm_head
+
+and then, in PyTorch (`pip install torch transformers`):
+
+  tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)
+  model = AutoModel.from_pretrained(DIR, trust_remote_code=True)
+
+(transformers 4.57 and 5.x; 5.x asks before it runs a directory's code, also for
+the tokenizer, unless `trust_remote_code=True` says yes.)
+
+What is written (the decoder of MAE-LM / 3ML is never exported; it is a
+pretraining device, dropped for fine-tuning as in the papers):
+
+  config.json, model.safetensors   the encoder (token and position embeddings,
+                                   layers); with --with_lm_head (MLM runs only)
+                                   also the MLM head
+  tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model
+                                   the run's SentencePiece model as a fast
+                                   tokenizer: the project's ids (but for ties
+                                   of reordered pieces, see `fast_tokenizer`),
+                                   `[CLS] a [SEP]` / `[CLS] a [SEP] b [SEP]`, and
+                                   "[MASK]" typed in text stays text
+  reference_outputs.npz            a few tokenized sentences (`input_ids`,
+                                   `attention_mask`) and the last hidden states
+                                   maelm-jax computes for them (float32), to
+                                   check a port against
+  README.md                        a model card: objective, size, data, steps,
+                                   held-out [MASK] accuracy
+  export.json                      what was exported from where (also marks the
+                                   directory as an export, for --overwrite)
+
+Two kinds of model. A post-LN encoder with absolute positions only (`recipe=paper`
+without the relative bias) is a RoBERTa: `model_type: roberta`, loadable with plain
+`AutoModel.from_pretrained(DIR)` (its pooler is not part of pretraining and starts
+untrained, which transformers reports). Every other encoder (relative position
+bias, pre-LN: the project's defaults) is written with `modeling_maelm.py` and
+`configuration_maelm.py`, a self-contained PyTorch port of `maelm_jax.model.Encoder`
+loaded through `trust_remote_code=True`.
+
+Needs `safetensors` and `tokenizers` (`pip install -e '.[export]'`), not torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import types
+import uuid
+
+from absl import app, flags
+
+from maelm_jax.core import workdir as workdir_lib
+
+REFERENCE_TEXTS = (
+    ("The quick brown fox jumps over the lazy dog.",),
+    ("It was the best of times, it was the worst of times.",),
+    ("Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare."),
+    ("A literal [MASK] in the text   stays text, as do accents: naïve café.",),
+)
+MARKER = "export.json"
+HF_MODELING_DIR = pathlib.Path(__file__).parent / "hf_modeling"
+REMOTE_CODE_FILES = ("configuration_maelm.py", "modeling_maelm.py")
+
+
+# --------------------------------------------------------------------------
+# Checks (before anything is loaded).
+# --------------------------------------------------------------------------
+
+
+def check_out_dir(out: str, overwrite: bool) -> None:
+  """`out` is new or empty, or (with --overwrite) an earlier export."""
+  if not os.path.exists(out):
+    return
+  if not os.path.isdir(out):
+    raise FileExistsError(f"--out={out} is a file; name a new directory")
+  if not os.listdir(out):
+    return
+  if not os.path.exists(os.path.join(out, MARKER)):
+    raise FileExistsError(
+        f"--out={out} is not empty and is not an earlier export; name a new "
+        "directory (nothing in it was touched)")
+  if not overwrite:
+    raise FileExistsError(
+        f"--out={out} holds an earlier export; name a new directory, or pass "
+        "--overwrite to replace it")
+
+
+def architecture(model_cfg) -> str:
+  """"roberta" where transformers has the architecture, else "maelm"."""
+  if model_cfg.ln_type == "post" and not model_cfg.relative_position_bias:
+    return "roberta"
+  return "maelm"
+
+
+# --------------------------------------------------------------------------
+# Parameters: the JAX tree -> PyTorch state dicts (numpy arrays).
+# --------------------------------------------------------------------------
+
+
+def _dense(p) -> dict:
+  """A flax Dense/DenseGeneral kernel [in..., out...] -> torch Linear [out, in]."""
+  import numpy as np
+  kernel, bias = np.asarray(p["kernel"]), np.asarray(p["bias"])
+  if kernel.ndim == 3 and bias.ndim == 2:  # query/key/value: [D, H, hd]
+    kernel = kernel.reshape(kernel.shape[0], -1)
+  elif kernel.ndim == 3:  # out: [H, hd, D]
+    kernel = kernel.reshape(-1, kernel.shape[-1])
+  return {"weight": kernel.T.copy(), "bias": bias.reshape(-1)}
+
+
+def _ln(p) -> dict:
+  return {"weight": p["scale"], "bias": p["bias"]}
+
+
+def _flatten(prefix: str, tree: dict, out: dict) -> dict:
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      _flatten(f"{prefix}{key}.", value, out)
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def maelm_tensors(params, model_cfg, with_lm_head: bool) -> dict:
+  """State dict of `modeling_maelm.MaelmModel` (or `MaelmForMaskedLM`)."""
+  import numpy as np
+  from maelm_jax.modeling import relative_position
+  enc = params["encoder"]
+  tree = {"token_embed": {"weight": params["token_embed"]["embedding"]},
+          "encoder": {"position_embed": {"weight": enc["position_embed"]["embedding"]}}}
+  e = tree["encoder"]
+  if "input_ln" in enc:
+    e["input_ln"] = _ln(enc["input_ln"])
+  if "final_ln" in enc:
+    e["final_ln"] = _ln(enc["final_ln"])
+  if model_cfg.relative_position_bias:
+    n = model_cfg.max_positions
+    # The buckets the JAX model uses, stored exactly (a float32 log on another
+    # library could round a bucket boundary the other way).
+    buckets = relative_position.bucket(np.arange(-(n - 1), n), model_cfg)
+    e["relative_bias"] = {"table": enc["relative_bias"]["table"],
+                          "buckets": np.asarray(buckets, np.int64)}
+  e["layers"] = {}
+  for i in range(model_cfg.num_layers):
+    layer = enc[f"layer_{i}"]
+    e["layers"][str(i)] = {
+        "self_attn": {name: _dense(layer["self_attn"][name])
+                      for name in ("query", "key", "value", "out")},
+        "self_attn_ln": _ln(layer["self_attn_ln"]),
+        "mlp": {name: _dense(layer["mlp"][name]) for name in ("wi", "wo")},
+        "mlp_ln": _ln(layer["mlp_ln"]),
+    }
+  if with_lm_head:
+    head = params["lm_head"]
+    tree = {"maelm": tree, "lm_head": {
+        "dense": _dense(head["dense"]), "ln": _ln(head["ln"]),
+        "decoder": {"bias": head["bias"]}}}
+    if not model_cfg.tie_embeddings:
+      tree["lm_head"]["decoder"]["weight"] = head["embedding"]
+  return _flatten("", tree, {})
+
+
+def roberta_tensors(params, model_cfg, with_lm_head: bool) -> dict:
+  """State dict of transformers' `RobertaModel` (or `RobertaForMaskedLM`).
+
+  RoBERTa numbers positions from `pad_token_id + 1` (= 1 here), so our position
+  p is its row p + 1; row 0 (padding) is zero, as is the single token-type row.
+  """
+  import numpy as np
+  enc = params["encoder"]
+  positions = np.asarray(enc["position_embed"]["embedding"])
+  hidden = positions.shape[1]
+  layers = {}
+  for i in range(model_cfg.num_layers):
+    layer = enc[f"layer_{i}"]
+    attn = layer["self_attn"]
+    layers[str(i)] = {
+        "attention": {"self": {n: _dense(attn[n]) for n in ("query", "key", "value")},
+                      "output": {"dense": _dense(attn["out"]),
+                                 "LayerNorm": _ln(layer["self_attn_ln"])}},
+        "intermediate": {"dense": _dense(layer["mlp"]["wi"])},
+        "output": {"dense": _dense(layer["mlp"]["wo"]),
+                   "LayerNorm": _ln(layer["mlp_ln"])},
+    }
+  tree = {"embeddings": {
+      "word_embeddings": {"weight": params["token_embed"]["embedding"]},
+      "position_embeddings": {"weight": np.concatenate(
+          [np.zeros((1, hidden), positions.dtype), positions])},
+      "token_type_embeddings": {"weight": np.zeros((1, hidden), positions.dtype)},
+      "LayerNorm": _ln(enc["input_ln"])},
+      "encoder": {"layer": layers}}
+  if with_lm_head:
+    head = params["lm_head"]
+    tree = {"roberta": tree, "lm_head": {
+        "dense": _dense(head["dense"]), "layer_norm": _ln(head["ln"]),
+        "bias": head["bias"], "decoder": {"bias": head["bias"]}}}
+    if not model_cfg.tie_embeddings:
+      tree["lm_head"]["decoder"]["weight"] = head["embedding"]
+  return _flatten("", tree, {})
+
+
+def hf_config(kind: str, model_cfg, with_lm_head: bool) -> dict:
+  common = dict(
+      vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden,
+      num_hidden_layers=model_cfg.num_layers,
+      num_attention_heads=model_cfg.num_heads,
+      intermediate_size=model_cfg.mlp, layer_norm_eps=model_cfg.layer_norm_eps,
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+      pad_token_id=0, bos_token_id=2, eos_token_id=3,
+      tie_word_embeddings=model_cfg.tie_embeddings, torch_dtype="float32")
+  if kind == "roberta":
+    return dict(common, model_type="roberta",
+                architectures=["RobertaForMaskedLM" if with_lm_head else "RobertaModel"],
+                max_position_embeddings=model_cfg.max_positions + 1,
+                type_vocab_size=1, hidden_act="gelu",
+                position_embedding_type="absolute")
+  return dict(common, model_type="maelm",
+              architectures=["MaelmForMaskedLM" if with_lm_head else "MaelmModel"],
+              auto_map={"AutoConfig": "configuration_maelm.MaelmConfig",
+                        "AutoModel": "modeling_maelm.MaelmModel",
+                        "AutoModelForMaskedLM": "modeling_maelm.MaelmForMaskedLM"},
+              max_position_embeddings=model_cfg.max_positions,
+              ln_type=model_cfg.ln_type,
+              relative_position_bias=model_cfg.relative_position_bias,
+              relative_buckets=model_cfg.relative_buckets,
+              relative_max_distance=model_cfg.relative_max_distance,
+              untie_cls_position=model_cfg.untie_cls_position)
+
+
+# --------------------------------------------------------------------------
+# Tokenizer: the SentencePiece model as a `tokenizers` fast tokenizer.
+# --------------------------------------------------------------------------
+
+
+# SentencePiece never produces a control piece ([PAD] [CLS] [SEP] [MASK]) or [UNK]
+# from text, but a `tokenizers` Unigram/BPE model matches every piece it holds,
+# and its penalty for unknown characters follows its lowest score, so no score
+# keeps "[MASK]" typed in a text from becoming id 4. Every "[" is therefore
+# renamed after normalisation, in the text and in the ordinary pieces alike, to a
+# character NFKC never leaves standing (U+FB01 "fi" ligature): the special
+# pieces keep their "[" and cannot match text; all other segmentation is
+# unchanged. The decoder renames it back.
+_BRACKET, _RENAMED_BRACKET = "[", "\ufb01"
+
+
+def _bpe_merges(vocab: dict[str, int], scores: dict[str, float]) -> list:
+  """SentencePiece BPE as ranked merges: every split of a piece into two pieces,
+  ranked by the piece's score (as transformers' SentencePieceExtractor does)."""
+  merges = []
+  for piece, score in scores.items():
+    local = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
+             if piece[:i] in vocab and piece[i:] in vocab]
+    merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+  merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+  return [(left, right) for left, right, _ in merges]
+
+
+def fast_tokenizer(sp_model_path: str):
+  """The run's SentencePiece model as a `tokenizers.Tokenizer` giving its ids.
+
+  SentencePiece's nmt_nfkc normaliser is its precompiled character map, then
+  runs of spaces collapsed and the ends stripped (`remove_extra_whitespaces`);
+  words get the "▁" prefix; see `_RENAMED_BRACKET` for the special pieces.
+  Where two segmentations are the same pieces in another order (runs of one
+  character, "====="), SentencePiece's float32 path scores break the tie and
+  `tokenizers`' float64 ones may break it the other way: about 0.5% of pydoc
+  sentences, none of 18,872 book and SST-2 lines
+  (studies/export_tokenizer_check.py).
+  """
+  from sentencepiece import sentencepiece_model_pb2
+  from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+  from tokenizers.models import BPE, Unigram
+  from maelm_jax.data import tokenizer as tokenizer_lib
+  with open(sp_model_path, "rb") as f:
+    proto = sentencepiece_model_pb2.ModelProto.FromString(f.read())
+  normal, unknown, control = 1, 2, 3  # sentencepiece ModelProto.SentencePiece.Type
+  unsupported = sorted({p.type for p in proto.pieces} - {normal, unknown, control})
+  charsmap = proto.normalizer_spec.precompiled_charsmap
+  if unsupported or proto.trainer_spec.byte_fallback or not charsmap:
+    raise ValueError(
+        f"{sp_model_path}: only SentencePiece models with NFKC normalisation and "
+        "no user-defined or byte-fallback pieces export (maelm_jax trains such "
+        "models); this one has " + (f"piece types {unsupported}" if unsupported
+                                    else "byte fallback" if charsmap else
+                                    "no normalisation map"))
+  if normalizers.Precompiled(charsmap).normalize_str(_RENAMED_BRACKET) == _RENAMED_BRACKET:
+    raise ValueError(f"{sp_model_path}: its normaliser keeps U+FB01, which the "
+                     "export needs to be normalised away (NFKC does)")
+  vocab = [(p.piece.replace(_BRACKET, _RENAMED_BRACKET) if p.type == normal
+            else p.piece, p.score if p.type == normal else 0.0)
+           for p in proto.pieces]
+  if proto.trainer_spec.model_type == 2:  # BPE
+    ids = {piece: i for i, (piece, _) in enumerate(vocab)}
+    model = BPE(ids, _bpe_merges(ids, dict(vocab)),
+                unk_token=tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.UNK_ID],
+                fuse_unk=True, byte_fallback=False)
+  else:
+    model = Unigram(vocab, unk_id=tokenizer_lib.UNK_ID, byte_fallback=False)
+  tok = Tokenizer(model)
+  steps = [normalizers.Precompiled(charsmap)]
+  if proto.normalizer_spec.remove_extra_whitespaces:
+    steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip()]
+  tok.normalizer = normalizers.Sequence(steps + [
+      normalizers.Replace(_BRACKET, _RENAMED_BRACKET)])
+  prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+  # split=True: a word per whitespace, as SentencePiece (split_by_whitespace)
+  # never lets a piece cross one, so the ids are the same and `word_ids()` names
+  # words, not the whole text (word-level tools, e.g. minicons' PLL-word-l2r,
+  # read them).
+  tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend,
+                                               split=True)
+  tok.decoder = decoders.Sequence([
+      decoders.Replace(_RENAMED_BRACKET, _BRACKET),
+      decoders.Metaspace(replacement="▁", prepend_scheme=prepend, split=False)])
+  cls, sep = (tokenizer_lib.SPECIAL_TOKENS[i] for i in (tokenizer_lib.CLS_ID,
+                                                       tokenizer_lib.SEP_ID))
+  tok.post_processor = processors.TemplateProcessing(
+      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:0 {sep}:0",
+      special_tokens=[(cls, tokenizer_lib.CLS_ID), (sep, tokenizer_lib.SEP_ID)])
+  return tok
+
+
+def write_tokenizer(tokenizer_path: str, out: str, max_length: int) -> None:
+  """The run's SentencePiece model as a fast tokenizer, or the run's own
+  tokenizer.json (an imported checkpoint's, already in the project's ids)."""
+  from maelm_jax.data import tokenizer as tokenizer_lib
+  if tokenizer_path.endswith(".json"):
+    tokenizer = tokenizer_lib.HFTokenizer(tokenizer_path)
+    shutil.copyfile(tokenizer_path, os.path.join(out, "tokenizer.json"))
+    roles = [tokenizer.id_to_piece(i) for i in range(tokenizer_lib.NUM_SPECIAL)]
+  else:
+    fast_tokenizer(tokenizer_path).save(os.path.join(out, "tokenizer.json"))
+    shutil.copyfile(tokenizer_path, os.path.join(out, "tokenizer.model"))
+    roles = tokenizer_lib.SPECIAL_TOKENS
+  names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
+                   roles))
+  with open(os.path.join(out, "special_tokens_map.json"), "w") as f:
+    json.dump(names, f, indent=2)
+  with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+    json.dump(dict(names, tokenizer_class="PreTrainedTokenizerFast",
+                   model_max_length=max_length, padding_side="right",
+                   # "[MASK]" typed in a text is text, as in maelm-jax.
+                   split_special_tokens=True,
+                   model_input_names=["input_ids", "attention_mask"],
+                   clean_up_tokenization_spaces=False), f, indent=2)
+
+
+# --------------------------------------------------------------------------
+# Reference outputs and the model card.
+# --------------------------------------------------------------------------
+
+
+def reference_outputs(model_cfg, params, tokenizer) -> dict:
+  """Token ids of REFERENCE_TEXTS as fine-tuning encodes them, and the float32
+  last hidden states of the JAX encoder."""
+  import jax.numpy as jnp
+  import numpy as np
+  from maelm_jax.modeling import model as model_lib
+  from maelm_jax.finetune import glue_data
+  # Cut to the encoder's positions as fine-tuning cuts (a small model or a fine
+  # tokenizer makes the texts longer than its position table).
+  longest = min(model_cfg.max_positions,
+                max(sum(len(tokenizer.encode_one(t)) + 1 for t in texts) + 1
+                    for texts in REFERENCE_TEXTS))
+  rows = [glue_data.encode_examples([types.SimpleNamespace(texts=texts)], tokenizer,
+                                    longest)[0] for texts in REFERENCE_TEXTS]
+  input_ids = np.stack(rows)
+  cfg = dataclasses.replace(model_cfg, dtype=jnp.float32, dropout=0.0,
+                            attention_dropout=0.0, attention_impl="xla",
+                            remat=False, remat_policy="none")
+  hidden = model_lib.Encoder(cfg).apply({"params": model_lib.encoder_params(params)},
+                                        jnp.asarray(input_ids))
+  return {"input_ids": input_ids.astype(np.int64),
+          "attention_mask": (input_ids != tokenizer.pad_id).astype(np.int64),
+          "last_hidden_state": np.asarray(hidden, np.float32)}
+
+
+def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool) -> str:
+  cfg, config = pretrained.model_cfg, pretrained.config
+  num_params = sum(v.size for v in _flatten("", model_params(pretrained.params),
+                                            {}).values())
+  ev = (workdir_lib.evaluations(workdir) or [{}])[-1]
+  score = (f"{100 * ev['eval/mask_accuracy']:.1f}% top-1 on held-out [MASK]ed "
+           f"positions at step {ev['step']} (always the most frequent piece: "
+           f"{100 * ev.get('eval/unigram_accuracy', float('nan')):.1f}%, the "
+           f"left-neighbour bigram table: "
+           f"{100 * ev.get('eval/bigram_accuracy', float('nan')):.1f}%); "
+           f"loss {ev['eval/mask_loss']:.3f}" if ev else "not recorded")
+  remote = "" if kind == "roberta" else ", trust_remote_code=True"
+  decoder = ("none (MLM)" if cfg.decoder_type == "none" else
+             f"{cfg.decoder_type}-attention, {cfg.decoder_layers} layers: not exported")
+  return f"""---
+library_name: transformers
+tags: [maelm-jax, {config.model.objective}, feature-extraction]
+---
+# {os.path.basename(os.path.normpath(workdir))}: a maelm-jax encoder
+
+Pretrained with maelm-jax (JAX/Flax) and exported by
+`python -m maelm_jax.export_hf --workdir={workdir}` (step {pretrained.step}).
+
+| | |
+|---|---|
+| objective | {config.model.objective} (mask ratio {cfg.mask_ratio}, decoder {decoder}) |
+| size | {config.model.size}: {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.num_heads} heads, MLP {cfg.mlp}; {num_params:,} parameters exported |
+| layers | {cfg.ln_type}-LN, {"relative position bias + " if cfg.relative_position_bias else ""}absolute positions (up to {cfg.max_positions}) |
+| tokenizer | {"SentencePiece" if pretrained.tokenizer.path.endswith(".model") else "Hugging Face"} {pretrained.tokenizer.model_type}, {cfg.vocab_size} pieces |
+| data | `{config.data.source}` |
+| steps | {pretrained.step} of {config.total_steps}, batch {config.batch_size} x {config.seq_len} tokens |
+| held-out | {score} |
+| head | {"the MLM head (fill-mask)" if with_lm_head else "none: the encoder only"} |
+
+```python
+from transformers import AutoModel, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(DIR{remote})
+model = AutoModel.from_pretrained(DIR{remote})
+hidden = model(**tokenizer("A sentence.", return_tensors="pt")).last_hidden_state
+```
+
+Tested with transformers 4.57 and 5.x (PyTorch) by maelm-jax's test suite.
+
+`reference_outputs.npz` holds a few tokenized sentences and the float32 last hidden
+states maelm-jax computes for them; a correct load matches them to about 1e-5.
+Inputs are `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`; pad on the right.
+{"The RoBERTa pooler is not part of pretraining: it starts untrained (transformers says so when loading)." if kind == "roberta" else ""}
+"""
+
+
+def model_params(params):
+  from maelm_jax.modeling import model as model_lib
+  return model_lib.encoder_params(params)
+
+
+# --------------------------------------------------------------------------
+# The export.
+# --------------------------------------------------------------------------
+
+
+def export(workdir: str, out: str, *, step: int | None = None,
+           with_lm_head: bool = False, overwrite: bool = False) -> str:
+  """Writes the export of `workdir` (its newest finished checkpoint, or `step`)
+  to `out`; returns the model kind ("roberta" or "maelm")."""
+  import numpy as np
+  from safetensors.numpy import save_file
+  from maelm_jax.run import checkpoints
+  from maelm_jax.run import pretrained as pretrained_lib
+  workdir, out = os.path.abspath(workdir), os.path.abspath(out)
+  check_out_dir(out, overwrite)
+  config_path = workdir_lib.config_path(workdir)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path} not found: --workdir must be the "
+                            "--workdir of a maelm_jax pretraining run")
+  with open(config_path) as f:
+    run_config = json.load(f)
+  if run_config.get("mode", "pretrain") != "pretrain":
+    raise ValueError(f"{workdir} is a {run_config['mode']} fine-tuning run; export "
+                     "the pretraining run it started from (its init_from)")
+  if with_lm_head and run_config["model"].get("decoder_type", "none") != "none":
+    raise ValueError(
+        f"--with_lm_head: the LM head of this {run_config['model']['objective']} run "
+        "reads its decoder's output, and the decoder is not exported; export the "
+        "encoder alone (drop --with_lm_head), or use an MLM run")
+  steps = sorted(s for s, d in checkpoints.step_dirs(workdir).items()
+                 if checkpoints.is_committed(d))
+  if not steps:
+    raise FileNotFoundError(f"no finished checkpoint in "
+                            f"{checkpoints.checkpoint_dir(workdir)}; train first")
+  if step is not None and step not in steps:
+    raise ValueError(f"--step={step}: {workdir} has checkpoints at steps {steps}")
+
+  pretrained = pretrained_lib.load_pretrained(workdir, encoder_only=not with_lm_head,
+                                           step=step, scan_layers=False)
+  cfg = pretrained.model_cfg
+  kind = architecture(cfg)
+  params = pretrained.params if with_lm_head else model_params(pretrained.params)
+  tensors = (roberta_tensors if kind == "roberta" else maelm_tensors)(
+      params, cfg, with_lm_head)
+  tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+
+  # Written aside and renamed into place: a failed export leaves nothing half-done.
+  tmp = f"{out}.tmp-{uuid.uuid4().hex[:8]}"
+  os.makedirs(tmp)
+  try:
+    save_file(tensors, os.path.join(tmp, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(tmp, workdir_lib.HF_CONFIG_FILE), "w") as f:
+      json.dump(hf_config(kind, cfg, with_lm_head), f, indent=2)
+    if kind == "maelm":
+      for name in REMOTE_CODE_FILES:
+        shutil.copyfile(HF_MODELING_DIR / name, os.path.join(tmp, name))
+    write_tokenizer(pretrained.tokenizer.path, tmp, cfg.max_positions)
+    np.savez(os.path.join(tmp, "reference_outputs.npz"),
+             **reference_outputs(cfg, pretrained.params, pretrained.tokenizer))
+    with open(os.path.join(tmp, "README.md"), "w") as f:
+      f.write(model_card(kind, pretrained, workdir, with_lm_head))
+    with open(os.path.join(tmp, MARKER), "w") as f:
+      json.dump({"workdir": workdir, "step": pretrained.step, "kind": kind,
+                 "with_lm_head": with_lm_head,
+                 "date": datetime.datetime.now().isoformat(timespec="seconds")},
+                f, indent=2)
+    if os.path.exists(out):
+      old = f"{out}.old-{uuid.uuid4().hex[:8]}"
+      os.rename(out, old)
+      os.rename(tmp, out)
+      shutil.rmtree(old)
+    else:
+      os.rename(tmp, out)
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp)
+  return kind
+
+
+# --------------------------------------------------------------------------
+# Command line.
+# --------------------------------------------------------------------------
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "A pretraining workdir")
+  flags.DEFINE_string("out", None, "A new directory for the export")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest)")
+  flags.DEFINE_bool("with_lm_head", False, "Also export the MLM head (MLM runs)")
+  flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out")
+  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
+  flags.mark_flags_as_required(["workdir", "out"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from maelm_jax.core import errors
+  FLAGS = flags.FLAGS
+  kind = errors.one_line_errors(export, FLAGS.workdir, FLAGS.out, step=FLAGS.step,
+                                with_lm_head=FLAGS.with_lm_head,
+                                overwrite=FLAGS.overwrite, verbose=FLAGS.verbose)
+  out = os.path.abspath(FLAGS.out)
+  remote = "" if kind == "roberta" else ", trust_remote_code=True"
+  print(f"exported a {kind} encoder to {out}\n"
+        f"  AutoTokenizer.from_pretrained({out!r}{remote})\n"
+        f"  AutoModel.from_pretrained({out!r}{remote})")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,121 @@
+"""FLOPs the model really does, for MFU.
+
+Counts matmuls only (2 FLOPs per multiply-add); training is 3x the forward pass.
+Every part is counted at the length it really runs on: the encoder on the L-K_mask
+tokens it sees, the decoder on L (self) or on the K selected slots (cross), the head
+on the K selected slots. MLM's encoder runs on all L.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from maelm_jax.modeling.model import ModelConfig
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator chip, as MFU and the planner's roofline (plan.py) see it."""
+  peak_flops: float  # Dense bf16 FLOP/s.
+  hbm_bytes: float  # Memory per chip.
+  hbm_bandwidth: float  # Bytes/s.
+  # Inter-chip bytes/s per chip, all links, both directions (TPU ICI; NVLink).
+  interconnect_bandwidth: float
+  source: str
+
+
+_GIB = 2**30
+_DOCS = "Cloud TPU docs, system architecture of "
+_V4 = Chip(275e12, 32 * _GIB, 1200e9, 6 * 90e9,
+           _DOCS + "v4 (ICI: 6 links x 90 GB/s both ways, 'How to Scale Your Model')")
+_V5E = Chip(197e12, 16 * _GIB, 819e9, 400e9, _DOCS + "v5e")
+_V5P = Chip(459e12, 95 * _GIB, 2765e9, 1200e9, _DOCS + "v5p")
+_V6E = Chip(918e12, 32 * _GIB, 1638e9, 800e9, _DOCS + "v6e")
+_H100 = Chip(989e12, 80e9, 3.35e12, 900e9, "NVIDIA H100 SXM datasheet (dense bf16)")
+# Device kinds as jax names them ("TPU v5 lite" is v5e, "TPU v5" v5p, "TPU v6
+# lite" v6e), with the marketing names beside them; matched longest first.
+CHIPS = {
+    "TPU v4": _V4,
+    "TPU v5 lite": _V5E,
+    "TPU v5e": _V5E,
+    "TPU v5p": _V5P,
+    "TPU v5": _V5P,
+    "TPU v6 lite": _V6E,
+    "TPU v6e": _V6E,
+    "A100": Chip(312e12, 80e9, 2.039e12, 600e9,
+                 "NVIDIA A100 SXM 80GB datasheet (dense bf16)"),
+    "H100": _H100,
+    "H200": dataclasses.replace(_H100, hbm_bytes=141e9, hbm_bandwidth=4.8e12,
+                                source="NVIDIA H200 SXM datasheet (dense bf16)"),
+}
+# CPU: measured on the 2-core dev VM for the whole host (bf16 inputs, fp32
+# accumulation); treat CPU MFU as a rough indicator only.
+CPU_HOST_PEAK_FLOPS = 240e9
+
+
+def chip(device_kind: str) -> Chip | None:
+  """The CHIPS entry of a device kind ('TPU v5 lite', 'NVIDIA H100 80GB HBM3')."""
+  for name, value in sorted(CHIPS.items(), key=lambda kv: -len(kv[0])):
+    if name.lower() in device_kind.lower():
+      return value
+  return None
+
+
+def _attention_flops(n_queries: int, n_keys: int, d: int) -> int:
+  """Scores and the weighted sum of values, over all heads."""
+  return 2 * 2 * n_queries * n_keys * d
+
+
+def _layer_flops(n_queries: int, n_keys: int, d: int, f: int) -> int:
+  projections_and_mlp = 2 * n_queries * (4 * d * d + 2 * d * f)
+  return projections_and_mlp + _attention_flops(n_queries, n_keys, d)
+
+
+def attention_flops_per_sequence(cfg: ModelConfig, seq_len: int) -> dict[str, int]:
+  """Forward FLOPs of the attention products alone (q k and p v, every layer) of
+  one sequence, by call site: 'encoder', 'decoder' (its self-attention) and
+  'cross'. What an attention kernel does that XLA may not count (plan.py)."""
+  counts = cfg.mask_counts(seq_len)
+  d, k, n_enc = cfg.hidden, counts.num_selected, counts.encoder_len
+  sites = {"encoder": cfg.num_layers * _attention_flops(n_enc, n_enc, d)}
+  if cfg.decoder_type == "self":
+    sites["decoder"] = cfg.decoder_layers * _attention_flops(seq_len, seq_len, d)
+  elif cfg.decoder_type == "cross":
+    sites["decoder"] = cfg.decoder_layers * _attention_flops(k, k, d)
+    sites["cross"] = cfg.decoder_layers * _attention_flops(k, n_enc, d)
+  return sites
+
+
+def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int) -> dict[str, int]:
+  """Forward-pass FLOPs of one sequence, split by part."""
+  counts = cfg.mask_counts(seq_len)
+  d, f, k = cfg.hidden, cfg.mlp, counts.num_selected
+  n_enc = counts.encoder_len
+  parts = {"encoder": cfg.num_layers * _layer_flops(n_enc, n_enc, d, f)}
+  if cfg.decoder_type == "self":
+    parts["decoder"] = cfg.decoder_layers * _layer_flops(seq_len, seq_len, d, f)
+  elif cfg.decoder_type == "cross":
+    self_attention = _layer_flops(k, k, d, f)
+    # Cross-attention: Q and output projections on the K queries, K/V projections
+    # on the encoder outputs, and the scores/values of K queries x n_enc keys.
+    cross = 2 * (2 * k * d * d) + 2 * (2 * n_enc * d * d) + 2 * 2 * k * n_enc * d
+    parts["decoder"] = cfg.decoder_layers * (self_attention + cross)
+  parts["head"] = 2 * k * (d * d + d * cfg.vocab_size)
+  return parts
+
+
+def train_flops_per_step(cfg: ModelConfig, seq_len: int, global_batch: int) -> int:
+  return 3 * global_batch * sum(forward_flops_per_sequence(cfg, seq_len).values())
+
+
+def peak_flops(devices=None, override: float | None = None) -> float:
+  """Peak FLOP/s of all devices of the run (`override` is per device)."""
+  devices = jax.devices() if devices is None else devices
+  if override:
+    return override * len(devices)
+  if devices[0].platform == "cpu":
+    return CPU_HOST_PEAK_FLOPS * jax.process_count()
+  found = chip(devices[0].device_kind)
+  # Unknown device: MFU is reported as 0; set config.peak_flops_per_device.
+  return found.peak_flops * len(devices) if found else 0.0

@@ -1,0 +1,285 @@
+"""Config helpers: the `get_config(arg)` argument parser, objective presets and
+validation that runs before anything is compiled.
+
+Every error says what is wrong and which `--config.x=...` fixes it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import ml_collections
+
+from maelm_jax.modeling import attention, model as model_lib
+from maelm_jax.core import config_defaults as defaults
+from maelm_jax.modeling import relative_position
+from maelm_jax.core.config_defaults import ADDED_KEYS, SameAs  # noqa: F401 (re-exported)
+
+
+def load_config_module(path: str):
+  """The config module at `path` (a `--config` value; `:args` are ignored)."""
+  path = path.split(":", 1)[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} not found, e.g. configs/glue.py")
+  spec = importlib.util.spec_from_file_location("maelm_sweep_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def dropout_and_kernel_errors(c: ml_collections.ConfigDict,
+                              prefix: str = "") -> list[str]:
+  """Dropout rates and the attention kernel of a pretraining config's `model`
+  (prefix 'model.') or of a fine-tuning config (prefix ''), as messages."""
+  errors = []
+  if not (0.0 <= c.dropout < 1.0 and 0.0 <= c.attention_dropout < 1.0):
+    errors.append(f"{prefix}dropout and {prefix}attention_dropout must be in [0, 1)")
+  within = prefix.rstrip(".")
+  activation = defaults.get(c, "activation_dropout", within)
+  if not 0.0 <= activation < 1.0:
+    errors.append(f"{prefix}activation_dropout={activation} must be in [0, 1)")
+  return errors + attention.config_errors(
+      defaults.get(c, "attention_impl", within), dtype=c.dtype,
+      attention_dropout=c.attention_dropout, key=f"{prefix}attention_impl")
+
+
+def set_path(config: ml_collections.ConfigDict, dotted: str, value) -> None:
+  """config['a']['b'] = value for dotted='a.b' (a sweep's or a command line's key)."""
+  *parents, leaf = dotted.split(".")
+  for key in parents:
+    config = config[key]
+  config[leaf] = value
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """`"objective=3ml,size=base"` -> ConfigDict, typed by the defaults (big_vision)."""
+  out = ml_collections.ConfigDict(dict(defaults))
+  for item in filter(None, (arg or "").split(",")):
+    if "=" not in item:
+      raise ValueError(f"config argument {item!r} is not key=value; "
+                       f"known keys: {sorted(defaults)}")
+    key, value = item.split("=", 1)
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; known: {sorted(defaults)}")
+    default = defaults[key]
+    if isinstance(default, bool):
+      value = value.lower() in ("1", "true", "yes")
+    elif default is not None:
+      value = type(default)(value)
+    out[key] = value
+  return out
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Fills the objective's and the size's defaults into unset (None) knobs.
+
+  Knobs are placeholders so that `--config.model.objective=mlm` on the command line
+  switches every objective default with it, while an explicit
+  `--config.model.mask_ratio=0.3` still wins.
+  """
+  config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy.
+  m = config.model
+  if m.objective not in model_lib.OBJECTIVES:
+    raise ValueError(f"model.objective={m.objective!r} is unknown; use one of "
+                     f"{sorted(model_lib.OBJECTIVES)}, e.g. --config.model.objective=maelm")
+  if m.size not in model_lib.SIZES:
+    raise ValueError(f"model.size={m.size!r} is unknown; use one of "
+                     f"{list(model_lib.SIZES)}, e.g. --config.model.size=tiny")
+  for key, value in model_lib.OBJECTIVES[m.objective].items():
+    if m.get(key) is None:
+      m[key] = value
+  if m.get("decoder_layers") is None:
+    m.decoder_layers = 0 if m.decoder_type == "none" else model_lib.SIZES[m.size][4]
+  if defaults.get(config, "total_flops") > 0:
+    config.total_steps = steps_for_flops(config)
+  if defaults.get(config, "warmup_ratio") > 0:
+    config.warmup_steps = round(config.warmup_ratio * config.total_steps)
+  return config
+
+
+def train_flops_per_step(config: ml_collections.ConfigDict) -> int:
+  """Train FLOPs of one step of a resolved pretraining config (flops.py)."""
+  from maelm_jax.modeling import flops  # pylint: disable=g-import-not-at-top
+  from maelm_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
+  model_cfg = model_lib.ModelConfig.from_config(
+      config.model, config.tokenizer.vocab_size, tokenizer.MASK_ID)
+  return flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+
+
+def steps_for_flops(config: ml_collections.ConfigDict) -> int:
+  """The step count that spends `config.total_flops` (rounded, at least 1)."""
+  return max(1, round(config.total_flops / train_flops_per_step(config)))
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Static checks; device-dependent ones live in `train.check_batch_fits_mesh`."""
+  m = config.model
+  errors = []
+
+  def need(cond, msg):
+    if not cond:
+      errors.append(msg)
+
+  need(0.0 < m.mask_ratio < 1.0,
+       f"model.mask_ratio={m.mask_ratio} must be in (0, 1), e.g. 0.15 (MLM/MAE-LM) "
+       "or 0.5 (3ML)")
+  need(0.0 <= m.random_replace_prob < 1.0 and 0.0 <= m.keep_prob < 1.0 and
+       m.random_replace_prob + m.keep_prob < 1.0,
+       f"model.random_replace_prob={m.random_replace_prob} and model.keep_prob="
+       f"{m.keep_prob} must be >= 0 with a sum below 1 (BERT uses 0.1 and 0.1)")
+  need(m.decoder_type in model_lib.DECODER_TYPES,
+       f"model.decoder_type={m.decoder_type!r} must be one of {model_lib.DECODER_TYPES}")
+  if m.drop_masked:
+    need(m.decoder_type != "none",
+         f"objective {m.objective!r} removes masked tokens from the encoder "
+         "(model.drop_masked=True), so a decoder must put [MASK] back: set "
+         "--config.model.decoder_type=self or cross")
+    need(m.decoder_type == "none" or m.decoder_layers >= 1,
+         f"model.decoder_layers={m.decoder_layers}: decoder_type="
+         f"{m.decoder_type!r} needs at least 1 decoder layer")
+  else:
+    need(m.decoder_type != "cross",
+         "model.decoder_type='cross' needs model.drop_masked=True (objective maelm "
+         "or 3ml): with MLM the encoder already sees every position")
+  if m.objective == "mlm":
+    need(m.decoder_type == "none" and m.decoder_layers == 0 and not m.drop_masked,
+         "objective 'mlm' runs the head on the encoder directly; it takes no "
+         f"decoder (got decoder_type={m.decoder_type!r}, decoder_layers="
+         f"{m.decoder_layers}, drop_masked={m.drop_masked}). Use "
+         "--config.model.objective=maelm or 3ml for a decoder")
+  need(0.0 <= m.decoder_dropout < 1.0,
+       f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
+  for problem in dropout_and_kernel_errors(m, "model."):
+    need(False, problem)
+  need(defaults.get(config, "model.relative_bias_init") in relative_position.RELATIVE_BIAS_INITS,
+       f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
+       f"{relative_position.RELATIVE_BIAS_INITS}")
+  need(defaults.get(config, "data.rows") in ("packed", "complete_doc"),
+       f"data.rows={config.data.get('rows')!r} must be 'packed' or 'complete_doc'")
+  need(defaults.get(config, "weight_decay_on") in ("matrices", "all"),
+       f"weight_decay_on={config.get('weight_decay_on')!r} must be 'matrices' or 'all'")
+  need(defaults.get(config, "model.relative_bucket_fn") in relative_position.BUCKET_FNS,
+       f"model.relative_bucket_fn={m.get('relative_bucket_fn')!r} must be one of "
+       f"{relative_position.BUCKET_FNS}")
+  policy = defaults.get(config, "model.remat_policy")
+  need(policy in model_lib.REMAT_POLICIES,
+       f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")
+  need(not m.remat or policy in ("none", "full"),
+       f"model.remat=True is remat_policy='full', but remat_policy={policy!r}: "
+       "set only model.remat_policy")
+  need(m.ln_type in model_lib.LN_TYPES,
+       f"model.ln_type={m.ln_type!r} must be one of {model_lib.LN_TYPES}")
+  need(m.dtype in ("bfloat16", "float32"),
+       f"model.dtype={m.dtype!r} must be 'bfloat16' or 'float32'")
+  hidden = m.get("hidden") or model_lib.SIZES[m.size][1]
+  heads = m.get("num_heads") or model_lib.SIZES[m.size][2]
+  need(hidden % heads == 0,
+       f"model.hidden={hidden} is not divisible by model.num_heads={heads}")
+  need(8 <= config.seq_len <= m.max_positions,
+       f"seq_len={config.seq_len} must be between 8 and model.max_positions="
+       f"{m.max_positions}; raise --config.model.max_positions")
+  need(config.total_steps >= 1, f"total_steps={config.total_steps} must be >= 1")
+  need(defaults.get(config, "total_flops") >= 0,
+       f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
+  need(config.warmup_steps >= 0,
+       f"warmup_steps={config.warmup_steps} must be >= 0")
+  need(0.0 <= defaults.get(config, "warmup_ratio") < 1.0,
+       f"warmup_ratio={config.get('warmup_ratio')} must be in [0, 1) (0: use "
+       "warmup_steps)")
+  need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
+  need(config.batch_size >= 1 and config.grad_accum_steps >= 1 and
+       config.batch_size % config.grad_accum_steps == 0,
+       f"batch_size={config.batch_size} must be a positive multiple of "
+       f"grad_accum_steps={config.grad_accum_steps}")
+  for name in ("log_every", "eval_every", "checkpoint_every"):
+    need(config[name] >= 1, f"{name}={config[name]} must be >= 1")
+  need(config.nonfinite_policy in ("stop", "skip"),
+       f"nonfinite_policy={config.nonfinite_policy!r} must be 'stop' or 'skip'")
+  need(config.keep_checkpoints >= 1 and config.checkpoint_keep_period >= 0,
+       "keep_checkpoints must be >= 1 and checkpoint_keep_period >= 0")
+  need(config.tokenizer.vocab_size > 5,
+       f"tokenizer.vocab_size={config.tokenizer.vocab_size} is too small")
+  need(config.tokenizer.model_type in ("unigram", "bpe"),
+       f"tokenizer.model_type={config.tokenizer.model_type!r} must be 'unigram' or 'bpe'")
+  if errors:
+    raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+# Keys that may change when resuming a workdir: run length, cadence, hardware.
+RESUMABLE_CHANGES = frozenset({
+    "total_steps", "total_flops", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+    "baseline_tokens",
+    "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
+    "peak_flops_per_device", "nonfinite_policy", "allow_config_change",
+    "start_over", "dry_run",
+    "data.num_workers", "data.tfds_data_dir", "tokenizer.path", "init_from",
+    # How the same math is computed: attention kernel, what is recomputed.
+    "model.attention_impl", "model.remat", "model.remat_policy",
+})
+
+
+def _flatten(d, prefix=""):
+  out = {}
+  for key, value in d.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, dict):
+      out.update(_flatten(value, name + "."))
+    else:
+      out[name] = list(value) if isinstance(value, (list, tuple)) else value
+  return out
+
+
+def with_added_keys(saved: dict, current: dict) -> dict:
+  """Flat `saved` with every ADDED_KEYS key that `current` has and `saved`
+  lacks, at the value that does what the saved run did."""
+  added = {}
+  for key, value in ADDED_KEYS.items():
+    if key in current and key not in saved:
+      added[key] = saved.get(value) if isinstance(value, SameAs) else value
+  return {**added, **saved}
+
+
+# A fine-tuning run is fixed by everything, init_from included; only where it
+# runs may change.
+FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
+                                        "start_over", "keep_final_checkpoint",
+                                        "log_every", "attention_impl"})
+
+
+def config_differences(saved: dict, current: dict,
+                       resumable=RESUMABLE_CHANGES) -> list[str]:
+  """Keys (other than `resumable`) whose values differ, as 'key: a -> b'."""
+  saved, current = _flatten(saved), _flatten(current)
+  saved = with_added_keys(saved, current)
+  return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
+          for key in sorted(set(saved) | set(current))
+          if key not in resumable
+          and _same_place(saved.get(key)) != _same_place(current.get(key))]
+
+
+def resume_flags(saved: dict, current: dict,
+                 resumable=RESUMABLE_CHANGES) -> list[str]:
+  """`--config.KEY=VALUE` for every differing key with a scalar saved value: the
+  flags that make `current` the saved run's config again."""
+  saved, current = _flatten(saved), _flatten(current)
+  saved = with_added_keys(saved, current)
+  flags = []
+  for key in sorted(set(saved) & set(current)):
+    value = saved[key]
+    if (key in resumable or _same_place(value) == _same_place(current[key])
+        or not isinstance(value, (bool, int, float, str))):
+      continue
+    flags.append(f"--config.{key}={value}" if not isinstance(value, str) or value
+                 else f"--config.{key}=''")
+  return flags
+
+
+def _same_place(value):
+  """A `text:` source as the absolute glob it names, so that the same files
+  spelt from another directory ('text:../data/*.txt', 'text:/work/data/*.txt')
+  are the same config; anything else as it is."""
+  if isinstance(value, str) and value.startswith("text:"):
+    return "text:" + ",".join(os.path.abspath(os.path.expanduser(p)) if p else p
+                              for p in value[len("text:"):].split(","))
+  return value

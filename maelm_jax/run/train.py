@@ -1,0 +1,501 @@
+"""The pretraining loop: one readable function in banner sections (big_vision style).
+
+    python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=tiny \
+        --workdir=/tmp/maelm
+
+A workdir is one run. Starting the same command again resumes it from its newest
+good checkpoint (params, optimizer, step, rng and data-iterator position), and the
+resumed run logs exactly the losses the uninterrupted run would have logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import filecmp
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+import ml_collections
+import numpy as np
+
+from maelm_jax.core import config_defaults as defaults
+from maelm_jax.core import sharding, workdir as workdir_lib
+from maelm_jax.data import corpus_report, pipeline, sources, tokenizer as tokenizer_lib
+from maelm_jax.modeling import flops, model as model_lib
+from maelm_jax.run import (baselines, checkpoints, config_lib, metric_writers, plots,
+                           pretrained as pretrained_lib, run_session, train_lib)
+
+
+# --------------------------------------------------------------------------
+# Checks that run before anything is compiled.
+# --------------------------------------------------------------------------
+def check_batch_fits_mesh(config, mesh) -> None:
+  dp = sharding.data_parallel_size(mesh)
+  micro = config.batch_size // config.grad_accum_steps
+  if micro % dp:
+    raise ValueError(
+        f"batch_size={config.batch_size} / grad_accum_steps="
+        f"{config.grad_accum_steps} = {micro} sequences per microbatch is not "
+        f"divisible by the data-parallel size {dp} (mesh data x fsdp = "
+        f"{mesh.shape['data']} x {mesh.shape['fsdp']}); use a batch_size that is a "
+        f"multiple of {dp * config.grad_accum_steps}")
+  if config.batch_size % jax.process_count():
+    raise ValueError(f"batch_size={config.batch_size} is not divisible by the "
+                     f"{jax.process_count()} processes")
+
+
+def check_corpus_fills_a_batch(source, tokenizer, seq_len, batch_size, what) -> None:
+  """Fails fast on a corpus too small for one batch (reads only what it needs)."""
+  needed = batch_size * (seq_len - 2)
+  have = 0
+  for start in range(0, len(source), 256):
+    docs = [source[i] for i in range(start, min(start + 256, len(source)))]
+    have += sum(len(ids) + 1 for ids in pipeline.document_ids(tokenizer, docs))
+    if have >= needed:
+      return
+  raise ValueError(
+      f"the {what} split of data.source has about {have} tokens, fewer than one "
+      f"batch needs ({batch_size} x {seq_len - 2}); add text, lower batch_size or "
+      f"seq_len" + (", or raise data.eval_fraction" if what == "eval" else ""))
+
+
+def tokenizer_path_for(config, workdir: str,
+                       corpus_tokenizer: str | None = None) -> str | None:
+  """The tokenizer a run must use: its own, else the one it was told, else the
+  init_from run's, else the one a token-id corpus was prepared with (which any
+  other must equal); a resumed run may not swap it for another."""
+  wanted = config.tokenizer.path or (
+      tokenizer_lib.workdir_tokenizer_path(config.init_from) if config.init_from
+      else "") or corpus_tokenizer or ""
+  if corpus_tokenizer and not filecmp.cmp(wanted, corpus_tokenizer, shallow=False):
+    raise ValueError(
+        f"{config.data.source} holds token ids of {corpus_tokenizer}, but this run "
+        f"uses {wanted}; drop --config.tokenizer.path (the corpus's tokenizer is "
+        "used), or prepare the corpus with --tokenizer=" + wanted)
+  # The workdir's own file of either kind: a SentencePiece run resumed with a
+  # tokenizer.json (or the reverse) is a swap too, not a first copy.
+  own = tokenizer_lib.workdir_tokenizer_path(workdir)
+  if wanted and os.path.isfile(own) and (
+      os.path.basename(own) != tokenizer_lib.own_name(wanted)
+      or not _same_tokenizer(own, wanted)):
+    raise ValueError(
+        f"tokenizer {wanted} differs from {own}, the tokenizer this workdir's "
+        "checkpoints were trained with; drop --config.tokenizer.path (and "
+        "init_from) to resume, or use a new --workdir")
+  return wanted or None
+
+
+def pretraining_model_config(config, vocab_size: int, mask_id: int):
+  """The model as pretraining runs it: rows of one document padded to the length
+  (`data.rows=complete_doc`) mask a share of their own tokens (masking.py)."""
+  return dataclasses.replace(
+      model_lib.ModelConfig.from_config(config.model, vocab_size, mask_id),
+      mask_per_row=defaults.get(config, "data.rows") == "complete_doc")
+
+
+def _same_tokenizer(own: str, given: str) -> bool:
+  """Whether the workdir's tokenizer file is `given` as the run stores it (a
+  tokenizer.json is stored with the roles at ids 0..4)."""
+  if own.endswith(".json"):
+    with open(own, encoding="utf-8") as f:
+      return f.read() == tokenizer_lib.project_order_text(given)
+  return filecmp.cmp(own, given, shallow=False)
+
+
+def staged_tokenizer(given: str) -> str:
+  """A file of the tokenizer as the run stores it: `given` itself, or, for a
+  Hugging Face tokenizer.json whose ids 0..4 are not the roles, a re-indexed
+  copy in a temporary file (`tokenizer.project_order_text`)."""
+  if not given.endswith(".json"):
+    return given
+  text = tokenizer_lib.project_order_text(given)
+  with open(given, encoding="utf-8") as f:
+    if f.read() == text:
+      return given
+  fd, staged = tempfile.mkstemp(suffix=".json")
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    f.write(text)
+  return staged
+
+
+def last_logged_metrics(workdir: str, step: int) -> dict:
+  """Every value `metrics.jsonl` holds for `step`, merged (train and eval lines)."""
+  merged = {}
+  for record in workdir_lib.read_metrics(workdir, lambda r: r.get("step") == step):
+    merged.update({k: v for k, v in record.items() if k != "step"})
+  return merged
+
+
+# --------------------------------------------------------------------------
+# Helpers of the loop.
+# --------------------------------------------------------------------------
+def sum_over_eval_batches(step_fn, eval_ds, mesh, num_batches) -> dict:
+  """Sums of `step_fn(global_batch, batch_index)`'s outputs over up to
+  `num_batches` held-out batches.
+
+  Each process reads its own documents, so the processes' eval streams can end at
+  different batches. The eval step is a collective: every process must call it the
+  same number of times, so they agree each step whether all still have a batch.
+  """
+  totals = collections.defaultdict(float)
+  iterator = iter(eval_ds)
+  for index in range(num_batches):
+    batch = next(iterator, None)
+    if not _all_processes_have(batch is not None):
+      break
+    out = step_fn(sharding.global_batch(mesh, batch), jnp.int32(index))
+    for key, value in jax.device_get(out).items():
+      totals[key] += float(value)
+  return totals
+
+
+def evaluate(eval_step, params, eval_ds, mesh, eval_rng, num_batches):
+  """Held-out loss/accuracy over all selected positions and over the [MASK]ed /
+  dropped ones alone (`eval/mask_*`, the honest figures; see baselines.py)."""
+  totals = sum_over_eval_batches(
+      lambda batch, index: eval_step(params, batch, eval_rng, index), eval_ds, mesh,
+      num_batches)
+  weight = max(totals["weight"], 1.0)
+  mask_weight = max(totals["mask_weight"], 1.0)
+  return {"eval/loss": totals["loss_sum"] / weight,
+          "eval/accuracy": totals["correct"] / weight,
+          "eval/mask_loss": totals["mask_loss_sum"] / mask_weight,
+          "eval/mask_accuracy": totals["mask_correct"] / mask_weight}
+
+
+def evaluate_baselines(config, model_cfg, train_source, tokenizer, eval_ds, mesh,
+                       eval_rng) -> dict[str, float]:
+  """Unigram and bigram baselines on the held-out positions `evaluate` scores.
+
+  The tables are counted on the first `config.baseline_tokens` tokens of a
+  seeded pass over the training split, read whole by every process, so every
+  process holds the same tables.
+  """
+  started = time.perf_counter()
+  logging.info("baselines: counting unigram and bigram tables on %d training "
+               "tokens, then scoring the held-out positions...", config.baseline_tokens)
+  rows = pipeline.make_pretrain_dataset(
+      train_source, tokenizer, seq_len=config.seq_len, batch_size=64,
+      seed=config.seed, shuffle=True, repeat=False)
+  tables = baselines.count_ngrams((b["input_ids"] for b in rows),
+                                  tokenizer.vocab_size, config.baseline_tokens)
+  replicated = sharding.replicated(mesh)
+  step = jax.jit(baselines.make_baseline_step(model_cfg),
+                 in_shardings=({"input_ids": sharding.batch_sharding(mesh)},
+                               replicated, replicated, replicated, replicated),
+                 out_shardings=replicated)
+  log_probs = jax.device_put(tables.unigram_log_probs, replicated)
+  bigram_next = jax.device_put(tables.bigram_next, replicated)
+  totals = sum_over_eval_batches(
+      lambda batch, index: step(batch, eval_rng, index, log_probs, bigram_next),
+      eval_ds, mesh, config.eval_batches)
+  if not totals["mask_weight"]:
+    # Every evaluation would score nothing and log zeros as if they were figures.
+    raise ValueError(
+        f"the held-out split does not fill one batch of {config.batch_size} x "
+        f"{config.seq_len} from each of its "
+        f"{config.data.num_streams or jax.process_count()} data streams (each "
+        "stream packs its own share of the documents), so every evaluation would "
+        "score nothing; raise --config.data.eval_fraction, or lower batch_size "
+        "or seq_len")
+  out = baselines.baseline_metrics(totals)
+  logging.info("baselines (%.1fs) on %d held-out [MASK] positions (tables from %d "
+               "training tokens; most frequent piece %r): unigram accuracy %.2f%%, "
+               "unigram loss %.3f, bigram accuracy %.2f%%",
+               time.perf_counter() - started, totals["mask_weight"],
+               tables.num_tokens, tokenizer.id_to_piece(tables.unigram_argmax),
+               100 * out["eval/unigram_accuracy"], out["eval/unigram_loss"],
+               100 * out["eval/bigram_accuracy"])
+  return out
+
+
+def _plot(workdir, config) -> None:
+  """The learning curve is a convenience: a failure to draw it never stops a run."""
+  try:
+    plots.plot_learning_curve(workdir, f"{config.model.objective} / "
+                              f"{config.model.size}: {workdir}")
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning("could not draw %s: %s", plots.FILENAME, error)
+
+
+def _all_processes_have(flag: bool) -> bool:
+  if jax.process_count() == 1:
+    return flag
+  flags = multihost_utils.process_allgather(np.asarray(flag, np.int32))
+  return bool(np.all(flags))
+
+
+# --------------------------------------------------------------------------
+# The loop.
+# --------------------------------------------------------------------------
+def planned_vocabulary(config, workdir: str | None) -> tuple[int, int, str]:
+  """(vocabulary size, [MASK] id, where they come from) of the tokenizer a
+  launch would use, without reading the corpus: the workdir's, else the one it
+  is told (tokenizer.path, init_from), else `tokenizer.vocab_size` of the one it
+  would train. Shared by the dry run and the planner (plan.py)."""
+  own = tokenizer_lib.workdir_tokenizer_path(workdir) if workdir else None
+  given = (tokenizer_path_for(config, workdir) if workdir and os.path.isdir(workdir)
+           else config.tokenizer.path or (
+               tokenizer_lib.workdir_tokenizer_path(config.init_from)
+               if config.init_from else None))
+  for path in (own, given):
+    if path and os.path.exists(path):
+      staged = staged_tokenizer(path) if path == given else path
+      try:
+        tokenizer = tokenizer_lib.open_tokenizer(staged)
+      finally:
+        if staged != path:
+          os.unlink(staged)
+      return tokenizer.vocab_size, tokenizer.mask_id, path
+  return config.tokenizer.vocab_size, 4, "to be trained into the workdir"
+
+
+def describe_launch(config, workdir: str) -> list[str]:
+  """What a launch would do, decided without reading the corpus, compiling or
+  writing anything (`--config.dry_run=True`): model, masks, FLOPs, mesh, data,
+  and the workdir's state."""
+  mesh = sharding.make_mesh(config.mesh_shape)
+  check_batch_fits_mesh(config, mesh)
+  vocab, mask_id, vocab_from = planned_vocabulary(config, workdir)
+  model_cfg = pretraining_model_config(config, vocab, mask_id)
+  abstract = train_lib.pretrain_program(config, model_cfg, mesh).abstract_state
+  sizes = {k: sum(x.size for x in jax.tree.leaves(v))
+           for k, v in abstract.params.items()}
+  encoder = sum(sizes.get(k, 0) for k in ("token_embed", "encoder"))
+  step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+  spec = config.data.source
+  if spec.startswith("text:"):
+    files = sources.text_files(spec[len("text:"):])
+    data = (f"{spec} ({len(files)} files, "
+            f"{sum(os.path.getsize(f) for f in files) / 1e6:.1f} MB on disk)")
+  else:
+    data = spec
+  if not os.path.isdir(workdir):
+    state = "new (will be created)"
+  else:
+    try:
+      run_session.claim(config, workdir, "pretrain")
+      step = checkpoints.latest_step(workdir)
+      state = (f"resumable at step {step}" if step is not None else
+               "exists, no checkpoint: starts at step 1")
+    except ValueError as error:
+      state = f"REFUSED: {error}"
+  return [
+      "dry run: nothing trained, nothing written",
+      f"  model      {config.model.objective}/{config.model.size}: "
+      f"{sum(sizes.values()) / 1e6:.2f}M parameters ({encoder / 1e6:.2f}M kept for "
+      f"fine-tuning: token_embed + encoder); vocabulary {vocab} ({vocab_from})",
+      f"  masks      {model_cfg.mask_counts(config.seq_len)}",
+      f"  compute    {step_flops:.3g} train FLOPs/step x {config.total_steps} steps = "
+      f"{step_flops * config.total_steps:.3g} FLOPs; batch {config.batch_size} x "
+      f"{config.seq_len} tokens",
+      f"  mesh       {dict(mesh.shape)} over {jax.device_count()} devices "
+      f"({jax.process_count()} processes)",
+      f"  data       {data}",
+      f"  workdir    {os.path.abspath(workdir)}: {state}",
+  ]
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Pretrains per `config` into `workdir`; returns the last logged metrics."""
+  config = config_lib.resolve(config)
+  config_lib.validate(config)
+  if defaults.get(config, "dry_run"):
+    lines = describe_launch(config, workdir)
+    if jax.process_index() == 0:
+      print("\n".join(lines), flush=True)
+    return {"dry_run": True}
+  run_session.claim(config, workdir, "pretrain")
+  with run_session.hold(workdir):  # One live run per workdir.
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  # ---------------------------------------------------------------- Set-up --
+  is_main = jax.process_index() == 0
+  mesh = sharding.make_mesh(config.mesh_shape)
+  check_batch_fits_mesh(config, mesh)
+  logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape),
+               jax.device_count(), jax.process_count())
+
+  # ------------------------------------------------------ Data & tokenizer --
+  source_kwargs = dict(eval_fraction=config.data.eval_fraction,
+                       text_field=config.data.text_field,
+                       tfds_data_dir=config.data.tfds_data_dir or None,
+                       on_bad_text=defaults.get(config, "data.on_bad_text"))
+  train_source = sources.open_source(config.data.source, "train", **source_kwargs)
+  eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
+  tokenizer_path = tokenizer_path_for(config, workdir,
+                                      train_source.token_ids_tokenizer)
+  own_tokenizer = (os.path.join(workdir, tokenizer_lib.own_name(tokenizer_path))
+                   if tokenizer_path else "")
+  # What is loaded: the workdir's copy once there, else the given file as the
+  # workdir will store it (a raw tokenizer.json re-indexed, roles at 0..4).
+  load_path = (own_tokenizer if own_tokenizer and os.path.exists(own_tokenizer)
+               else staged_tokenizer(tokenizer_path) if tokenizer_path else None)
+  try:
+    tokenizer = tokenizer_lib.load_or_train_tokenizer(
+        workdir, lambda: pipeline.training_texts(train_source),
+        vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
+        path=load_path, max_sentences=config.tokenizer.max_sentences,
+        seed=config.seed, is_writer=is_main)
+    if is_main and tokenizer_path and not os.path.exists(own_tokenizer):
+      # The workdir is self-contained; atomic, as other processes may read it.
+      shutil.copyfile(load_path, own_tokenizer + ".tmp")
+      os.replace(own_tokenizer + ".tmp", own_tokenizer)
+    if load_path != tokenizer_path and isinstance(tokenizer, tokenizer_lib.HFTokenizer):
+      tokenizer.path = own_tokenizer  # Not the staged copy deleted below.
+  finally:
+    if load_path not in (None, tokenizer_path, own_tokenizer):
+      os.unlink(load_path)  # A staged re-indexed copy.
+  # Each process reads 1/process_count of the documents and needs its share of
+  # the batch, so the whole split must hold a global batch.
+  for source, split in ((train_source, "train"), (eval_source, "eval")):
+    check_corpus_fills_a_batch(source, tokenizer, config.seq_len, config.batch_size,
+                               split)
+  if is_main:
+    started = time.perf_counter()
+    logging.info("corpus report: reading the %d training documents...", len(train_source))
+    stats = corpus_report.report(train_source, tokenizer)
+    logging.info("corpus report done in %.1fs", time.perf_counter() - started)
+    for line in corpus_report.describe(stats, "train"):
+      (logging.warning if line.startswith("WARNING") else logging.info)(line)
+    with open(os.path.join(workdir, "corpus_report.json"), "w") as f:
+      json.dump(stats, f, indent=2)
+  local_batch = config.batch_size // jax.process_count()
+
+  def dataset(source, **kwargs):
+    return pipeline.make_pretrain_dataset(
+        source, tokenizer, seq_len=config.seq_len, batch_size=local_batch,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        num_streams=config.data.num_streams,
+        complete_docs=config.data.rows == "complete_doc", **kwargs)
+
+  train_iter = iter(dataset(train_source, seed=config.seed, shuffle=True,
+                            repeat=True, num_workers=config.data.num_workers))
+  eval_ds = dataset(eval_source, seed=config.seed, shuffle=False, repeat=False)
+
+  # ------------------------------------------- Model, optimizer, sharded state --
+  model_cfg = pretraining_model_config(config, tokenizer.vocab_size, tokenizer.mask_id)
+  # The same builder as the planner's (plan.py): what it compiled is what runs.
+  program = train_lib.pretrain_program(config, model_cfg, mesh)
+  tx, abstract_state = program.tx, program.abstract_state
+  state_shardings = program.state_shardings
+  num_params = sum(x.size for x in jax.tree.leaves(abstract_state.params))
+  logging.info("model %s/%s: %.2fM parameters; %s", config.model.objective,
+               config.model.size, num_params / 1e6, model_cfg.mask_counts(config.seq_len))
+
+  # ------------------------------------------------ Checkpoints and resume --
+  # Order: this workdir's newest good checkpoint (restored straight into the
+  # sharded abstract state), else init_from, else fresh. config.json is written
+  # only once the run is known to fit the workdir.
+  manager = checkpoints.make_manager(workdir, config)
+  with run_session.closed_on_error(manager):  # Until the session owns it.
+    state, restored_step = checkpoints.restore_latest_good(
+        manager, abstract_state, train_iter, start_over=defaults.get(config, "start_over"))
+    if state is not None:
+      logging.info("resumed from %s at step %d", manager.directory, restored_step)
+    else:
+      state, _ = train_lib.create_sharded_state(model_cfg, config.seq_len, tx, mesh,
+                                                config.seed)
+      if config.init_from:
+        state = pretrained_lib.load_init_from(config, state, state_shardings)
+    train_step, eval_step = program.train_step, program.eval_step
+    eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
+    eval_baselines = evaluate_baselines(config, model_cfg, train_source, tokenizer,
+                                        eval_ds, mesh, eval_rng)
+    # config.json and metrics.jsonl as of the step it goes on from (run_session.py).
+    session = run_session.RunSession(workdir, config, manager, restored_step)
+
+  # ------------------------------------------------------------- Train loop --
+  try:
+    schedule = train_lib.learning_rate_schedule(config)
+    step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+    peak = flops.peak_flops(override=config.peak_flops_per_device or None)
+    tokens_per_step = config.batch_size * config.seq_len
+    start_step = int(jax.device_get(state.step))
+    nonfinite_seen = int(jax.device_get(state.nonfinite_count))
+    timer_start, timed_steps, last, in_flight = None, 0, {}, None
+    if start_step >= config.total_steps:
+      # Nothing left to train (the same command run again, or total_steps not
+      # raised): say so, and report the run's last logged metrics.
+      logging.info("this run already finished at step %d (total_steps=%d); raise "
+                   "--config.total_steps to train on", start_step, config.total_steps)
+      last = last_logged_metrics(workdir, start_step)
+    else:
+      logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
+                   config.total_steps, step_flops)
+    for step in range(start_step + 1, config.total_steps + 1):
+      batch = sharding.global_batch(mesh, next(train_iter))
+      if timer_start is None:
+        logging.info("compiling the train step and running step %d...", step)
+        compile_start = time.perf_counter()
+      state, metrics = train_step(state, batch)
+      # At most two steps in flight: wait for the previous one (the host still
+      # prepares the next batch while this one runs). An unbounded queue of
+      # dispatched steps deadlocked XLA:CPU's collectives on fake multi-device
+      # meshes (an all-reduce rendezvous timeout after ~100 queued steps).
+      if in_flight is not None:
+        jax.block_until_ready(in_flight)
+      in_flight = metrics
+      if timer_start is None:  # Leave compilation out of the throughput.
+        jax.block_until_ready(metrics)
+        logging.info("step %d done in %.1fs (compilation included); training",
+                     step, time.perf_counter() - compile_start)
+        timer_start, timed_steps = time.perf_counter(), 0
+      else:
+        timed_steps += 1
+
+      is_last = step == config.total_steps
+      if step % config.log_every == 0 or is_last:
+        metrics, count, bad_step = jax.device_get(
+            (metrics, state.nonfinite_count, state.last_nonfinite_step))
+        if count > nonfinite_seen:
+          message = (f"{count - nonfinite_seen} step(s) with a non-finite loss or "
+                     f"gradient up to step {step}, the last at step {bad_step}; "
+                     "their updates were not applied")
+          nonfinite_seen = int(count)
+          if config.nonfinite_policy == "stop":
+            raise FloatingPointError(
+                f"{message}. Stopping (nonfinite_policy='stop'); checkpoints in "
+                f"{manager.directory} are untouched. Lower learning_rate, use "
+                "model.dtype=float32, or set --config.nonfinite_policy=skip.")
+          logging.warning(message)
+        elapsed = time.perf_counter() - timer_start
+        steps_per_sec = timed_steps / elapsed if timed_steps and elapsed > 0 else 0.0
+        last = {"train/loss": float(metrics["loss"]),
+                "train/accuracy": float(metrics["accuracy"]),
+                "train/grad_norm": float(metrics["grad_norm"]),
+                "lr": float(schedule(step - 1)),
+                "tokens_per_sec": steps_per_sec * tokens_per_step,
+                "mfu": steps_per_sec * step_flops / peak if peak else 0.0}
+        evaluated = step % config.eval_every == 0 or is_last
+        if evaluated:
+          last.update(evaluate(eval_step, state.params, eval_ds, mesh, eval_rng,
+                               config.eval_batches))
+          last.update(eval_baselines)
+        session.write(step, last)
+        if is_main:
+          logging.info(metric_writers.format_console(step, config.total_steps, last))
+          if evaluated:
+            logging.info("step %d: %s", step, baselines.plateau_status(last))
+            _plot(workdir, config)
+        timer_start, timed_steps = time.perf_counter(), 0
+
+      if session.stop_requested(step):
+        checkpoints.save(manager, step, state, train_iter)
+        last.update(session.stopped(step))
+        break
+      if step % config.checkpoint_every == 0 or is_last:
+        checkpoints.save(manager, step, state, train_iter)
+  finally:
+    session.close()
+  return last

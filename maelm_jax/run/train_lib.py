@@ -1,0 +1,435 @@
+"""Pure pieces of training: state, optimizer, sharded init, train and eval steps.
+
+Nothing here touches files or the data pipeline, so tests can build and run every
+piece on any mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maelm_jax.modeling import attention, masking
+from maelm_jax.core import config_defaults as defaults, sharding
+from maelm_jax.modeling.model import MaskedLM, ModelConfig, masked_lm_loss
+
+EVAL_SEED_OFFSET = 7919  # Eval masks come from their own stream, fixed for the run.
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # uint32[2]; masks and dropout use fold_in(rng, step).
+  # Steps whose loss or gradients were not finite; their update was not applied.
+  nonfinite_count: jax.Array
+  last_nonfinite_step: jax.Array  # 1-based step number, 0 if none.
+
+
+def learning_rate_schedule(config) -> optax.Schedule:
+  """Linear warm-up from 0, then linear decay to end_learning_rate_ratio * peak.
+
+  A run shorter than its warm-up (a quick try with total_steps=20) warms up over
+  all of its steps.
+  """
+  peak = config.learning_rate
+  warmup_steps = min(config.warmup_steps, config.total_steps)
+  warmup = optax.linear_schedule(0.0, peak, max(warmup_steps, 1))
+  decay = optax.linear_schedule(peak, peak * config.end_learning_rate_ratio,
+                                max(config.total_steps - warmup_steps, 1))
+  return optax.join_schedules([warmup, decay], [warmup_steps])
+
+
+WEIGHT_DECAY_RULES = ("matrices", "all")
+
+
+def weight_decay_mask(params):
+  """AdamW decays matrices and embeddings; not biases nor LayerNorm scales."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: path[-1].key not in ("bias", "scale"), params)
+
+
+def _decay_mask(config):
+  """config.weight_decay_on: 'matrices' (weight_decay_mask, BERT's rule) or 'all'
+  (every parameter, as the MAE-LM release's fairseq AdamW does)."""
+  return None if defaults.get(config, "weight_decay_on") == "all" else weight_decay_mask
+
+
+def _dict_keys(path) -> tuple[str, ...]:
+  return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
+def encoder_depths(tree) -> tuple[Any, int]:
+  """Each leaf's depth in the encoder, for layer-wise learning-rate decay.
+
+  Depth 0: what feeds the first layer (token and position embeddings, the
+  relative-position table every layer reads, an input LayerNorm); depth i + 1:
+  encoder layer i; depth L + 1: everything above the encoder (its final
+  LayerNorm, a task head, a pretraining decoder). A stacked leaf of scanned
+  layers (`encoder/layers`, leading axis L) gets an int array [L, 1, ...]. Paths
+  are read by name, so this fits the fine-tuning models (`backbone/encoder`) and
+  MaskedLM alike. Returns (depths, L).
+  """
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  num_layers = 0
+  for path, leaf in leaves:
+    keys = _dict_keys(path)
+    if "encoder" not in keys:
+      continue
+    below = keys[keys.index("encoder") + 1:]
+    if below and below[0].startswith("layer_") and below[0][6:].isdigit():
+      num_layers = max(num_layers, int(below[0][6:]) + 1)
+    elif below and below[0] == "layers":
+      num_layers = max(num_layers, leaf.shape[0])
+
+  def depth(path, leaf):
+    keys = _dict_keys(path)
+    if "encoder" not in keys:
+      # Embeddings live beside the encoder module; the rest sits above it.
+      return 0 if keys and keys[-2:-1] == ("token_embed",) else num_layers + 1
+    below = keys[keys.index("encoder") + 1:]
+    if below[0].startswith("layer_") and below[0][6:].isdigit():
+      return int(below[0][6:]) + 1
+    if below[0] == "layers":
+      shape = (leaf.shape[0],) + (1,) * (leaf.ndim - 1)
+      return (np.arange(leaf.shape[0]) + 1).reshape(shape)
+    return num_layers + 1 if below[0] == "final_ln" else 0
+
+  return jax.tree_util.tree_map_with_path(depth, tree), num_layers
+
+
+def scale_by_layer_decay(decay: float) -> optax.GradientTransformation:
+  """Layer-wise learning-rate decay (ELECTRA, BEiT, DeBERTa fine-tuning).
+
+  Multiplies each update by decay ** (L + 1 - depth) (`encoder_depths`): the
+  task head and final LayerNorm at the full rate, each layer below at `decay`
+  times the one above, the embeddings lowest. Placed after AdamW's weight decay,
+  it scales the decay term too, as a per-layer learning rate does. It is meant
+  to keep what pretraining put in the lower layers; at `tiny` on SST-2 and QNLI
+  it did not help (studies/RESULTS.md, "Why SST-2 does not gain here").
+  """
+
+  def update(updates, state, params=None):
+    del params
+    depths, num_layers = encoder_depths(updates)
+    updates = jax.tree.map(
+        lambda u, d: u * jnp.asarray(decay ** (num_layers + 1 - np.asarray(d)),
+                                     u.dtype), updates, depths)
+    return updates, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def scale_by_relative_size() -> optax.GradientTransformation:
+  """LAMB's trust ratio (You et al. 2020) on AdamW's direction: each tensor's
+  update is rescaled to its parameter's norm, so the learning rate is the
+  *relative* change per step of every tensor, whatever its scale.
+
+  Why fine-tuning wants it: pretraining grows the weights (at `tiny`, kernels
+  and embeddings end 2-5x their initial RMS; studies/RESULTS.md, "Does
+  pretraining pay?"), so under plain AdamW, whose steps have a fixed absolute
+  size, one learning rate moves a pretrained encoder 2-5x less, relatively, than
+  a freshly initialised one. A stacked leaf of scanned layers is normed per
+  layer, as the unrolled layers are. Zero-norm tensors (biases at init) keep the
+  plain update.
+  """
+
+  def update(updates, state, params):
+    depths, _ = encoder_depths(params)
+
+    def rescale(u, p, depth):
+      per_layer = np.ndim(depth) > 0  # Scanned: reduce all but the layer axis.
+      axes = tuple(range(1, p.ndim)) if per_layer else None
+      param_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes,
+                                    keepdims=per_layer))
+      update_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes,
+                                     keepdims=per_layer))
+      ratio = jnp.where((param_norm > 0) & (update_norm > 0),
+                        param_norm / jnp.maximum(update_norm, 1e-30), 1.0)
+      return (u * ratio).astype(u.dtype)
+
+    return jax.tree.map(rescale, updates, params, depths), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  layer_decay = defaults.get(config, "layer_decay")
+  schedule = learning_rate_schedule(config)
+  if defaults.get(config, "relative_updates"):
+    # AdamW's direction (decay included), each tensor's step rescaled to its
+    # norm, times the schedule: LAMB.
+    return optax.chain(
+        optax.clip_by_global_norm(config.grad_clip_norm),
+        optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps),
+        optax.add_decayed_weights(config.weight_decay, mask=_decay_mask(config)),
+        scale_by_relative_size(),
+        optax.scale_by_learning_rate(schedule),
+        *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
+    )
+  return optax.chain(
+      optax.clip_by_global_norm(config.grad_clip_norm),
+      optax.adamw(schedule, b1=config.adam_b1,
+                  b2=config.adam_b2, eps=config.adam_eps,
+                  weight_decay=config.weight_decay, mask=_decay_mask(config)),
+      *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
+  )
+
+
+def _dummy_masks(cfg: ModelConfig, seq_len: int, batch: int = 1) -> masking.Masks:
+  counts = cfg.mask_counts(seq_len)
+  ids = jnp.full((batch, seq_len), 5, jnp.int32)
+  return masking.draw_masks(jax.random.PRNGKey(0), ids, counts, mask_id=cfg.mask_id,
+                            vocab_size=cfg.vocab_size)
+
+
+def state_layout(init_boxed_params, init_state, tx, mesh, *init_args):
+  """The shapes and shardings of the state `init_state(seed, *init_args)` builds,
+  with nothing allocated. Shared by pretraining (`TrainState`) and fine-tuning
+  (`finetune.run.FinetuneState`).
+
+  Parameters are sharded by the logical axes their modules declare (read from
+  `init_boxed_params(rng)`, the model's boxed params, via `jax.eval_shape`), the
+  optimizer state like the parameters it belongs to, every other leaf (step,
+  rng, counters) replicated. `init_args` may be `jax.ShapeDtypeStruct`s.
+  Returns (abstract_state with shardings, state_shardings).
+  """
+  # Under the kernel mesh, as the steps are: init traces attention too, and its
+  # kernel rules are the mesh's platform's (plan.py traces for TPU on a CPU).
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
+      attention.kernel_mesh(mesh):
+    abstract_boxed = jax.eval_shape(init_boxed_params, jax.random.PRNGKey(0))
+    param_specs = nn.get_partition_spec(abstract_boxed)
+    abstract = jax.eval_shape(init_state, jnp.uint32(0), *init_args)
+    opt_specs = optax.tree_map_params(
+        tx, lambda _, spec: spec, abstract.opt_state, param_specs,
+        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    specs = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), abstract).replace(
+        params=param_specs, opt_state=opt_specs)
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract, shardings)
+  return abstract, shardings
+
+
+def build_state(init_state, shardings, mesh, seed: int, *init_args):
+  """Runs `init_state(seed, *init_args)` inside a jit whose `out_shardings` are
+  `shardings`, so each device creates only its own shards and no parameter is
+  ever whole on one device. `init_args` must already be placed (their shardings
+  are kept)."""
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
+      attention.kernel_mesh(mesh):
+    return jax.jit(init_state, out_shardings=shardings)(jnp.uint32(seed), *init_args)
+
+
+def abstract_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh):
+  """The train state's shapes, dtypes and shardings, with nothing allocated:
+  what a checkpoint is restored into (resume never builds a fresh state first).
+  Returns (abstract_state, state_shardings)."""
+  return state_layout(*_state_init(model_cfg, seq_len, tx), tx, mesh)
+
+
+def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: int):
+  """Builds the train state already sharded over `mesh`.
+
+  jax.eval_shape -> logical partition specs -> mesh shardings -> jit(init) with
+  out_shardings, so no parameter is ever materialised on a single device.
+  Returns (state, state_shardings).
+  """
+  init_boxed, init = _state_init(model_cfg, seq_len, tx)
+  _, shardings = state_layout(init_boxed, init, tx, mesh)
+  return build_state(init, shardings, mesh, seed), shardings
+
+
+def init_params(model_cfg: ModelConfig, seq_len: int, rng: jax.Array):
+  """Fresh, unboxed parameters of the pretraining model (unsharded)."""
+  return nn.meta.unbox(
+      MaskedLM(model_cfg).init(rng, _dummy_masks(model_cfg, seq_len))["params"])
+
+
+def _state_init(model_cfg: ModelConfig, seq_len: int, tx):
+  """(init_boxed_params(rng), init_state(seed) -> TrainState)."""
+  model = MaskedLM(model_cfg)
+
+  def init_boxed(rng):
+    return model.init(rng, _dummy_masks(model_cfg, seq_len))["params"]
+
+  def init(seed_array):
+    init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed_array))
+    params = nn.meta.unbox(init_boxed(init_rng))
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(step=zero, params=params, opt_state=tx.init(params),
+                      rng=state_rng, nonfinite_count=zero, last_nonfinite_step=zero)
+
+  return init_boxed, init
+
+
+def _split_microbatches(tree, num_micro: int):
+  """[B, ...] -> [A, B/A, ...], microbatch i = rows i, i+A, i+2A, ...
+
+  Strided, so each microbatch takes an equal share of every device's rows and no
+  data moves between devices.
+  """
+  def split(x):
+    x = x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, tree)
+
+
+def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: int = 1):
+  """Returns train_step(state, batch) -> (state, metrics); jit it with shardings."""
+  model = MaskedLM(model_cfg, deterministic=False)
+  counts = model_cfg.mask_counts(seq_len)
+
+  def train_step(state: TrainState, batch):
+    step_rng = jax.random.fold_in(state.rng, state.step)
+    mask_rng, dropout_rng = jax.random.split(step_rng)
+    masks = masking.draw_masks(mask_rng, batch["input_ids"], counts,
+                               mask_id=model_cfg.mask_id,
+                               vocab_size=model_cfg.vocab_size)
+    # Normalise by the token count of the whole global batch, so gradient
+    # accumulation changes memory use, not the update.
+    total_weight = jnp.maximum(masks.selected_weights.sum(), 1.0)
+
+    def loss_fn(params, micro_masks, rng):
+      logits = model.apply({"params": params}, micro_masks, rngs={"dropout": rng})
+      loss_sum, correct, _ = masked_lm_loss(logits, micro_masks.targets,
+                                            micro_masks.selected_weights)
+      return loss_sum / total_weight, (loss_sum, correct)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if grad_accum_steps == 1:
+      (_, (loss_sum, correct)), grads = grad_fn(state.params, masks, dropout_rng)
+    else:
+      micro = _split_microbatches(masks, grad_accum_steps)
+
+      def accumulate(carry, inputs):
+        grads_acc, loss_acc, correct_acc = carry
+        index, micro_masks = inputs
+        (_, (loss_sum, correct)), grads = grad_fn(
+            state.params, micro_masks, jax.random.fold_in(dropout_rng, index))
+        grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+        return (grads_acc, loss_acc + loss_sum, correct_acc + correct), None
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (grads, loss_sum, correct), _ = jax.lax.scan(
+          accumulate, (zeros, 0.0, 0.0),
+          (jnp.arange(grad_accum_steps), micro))
+
+    loss = loss_sum / total_weight
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # A non-finite loss or gradient never reaches the parameters or the Adam
+    # moments: the step is skipped and counted; the loop decides to go on or stop.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep_new = lambda new, old: jax.tree.map(
+        lambda a, b: jnp.where(finite, a, b), new, old)
+    step = state.step + 1
+    new_state = state.replace(
+        step=step,
+        params=keep_new(params, state.params),
+        opt_state=keep_new(opt_state, state.opt_state),
+        nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32),
+        last_nonfinite_step=jnp.where(finite, state.last_nonfinite_step, step))
+    metrics = {"loss": loss, "accuracy": correct / total_weight,
+               "grad_norm": grad_norm}
+    return new_state, metrics
+
+  return train_step
+
+
+def draw_eval_masks(model_cfg: ModelConfig, input_ids, eval_rng, batch_index):
+  """The held-out masks of batch `batch_index`: the same at every evaluation of a
+  run (and for the baselines), so every number scores the same tokens."""
+  return masking.draw_masks(jax.random.fold_in(eval_rng, batch_index), input_ids,
+                            model_cfg.mask_counts(input_ids.shape[1]),
+                            mask_id=model_cfg.mask_id,
+                            vocab_size=model_cfg.vocab_size)
+
+
+def make_eval_step(model_cfg: ModelConfig, seq_len: int):
+  """Returns eval_step(params, batch, eval_rng, batch_index) -> sums.
+
+  Two views of the same predictions: over all K selected positions (`loss_sum`,
+  `correct`, `weight`), and over the `[MASK]`ed / dropped ones alone (`mask_*`).
+  Only the latter is honest across objectives: MLM and 3ML also predict the
+  kept tokens, which a model copies from its input.
+  """
+  del seq_len  # The batch carries it.
+  model = MaskedLM(model_cfg, deterministic=True)
+
+  def eval_step(params, batch, eval_rng, batch_index):
+    masks = draw_eval_masks(model_cfg, batch["input_ids"], eval_rng, batch_index)
+    logits = model.apply({"params": params}, masks)
+    loss_sum, correct, weight = masked_lm_loss(logits, masks.targets,
+                                               masks.selected_weights)
+    mask_weights = masks.selected_weights * masking.selected_is_masked(masks)
+    mask_loss_sum, mask_correct, mask_weight = masked_lm_loss(
+        logits, masks.targets, mask_weights)
+    return {"loss_sum": loss_sum, "correct": correct, "weight": weight,
+            "mask_loss_sum": mask_loss_sum, "mask_correct": mask_correct,
+            "mask_weight": mask_weight}
+
+  return eval_step
+
+
+def with_kernel_mesh(step_fn, mesh):
+  """`step_fn` traced under `attention.kernel_mesh(mesh)`, so that attention kernels
+  (opaque to XLA's partitioner) run per shard of `mesh`."""
+  @functools.wraps(step_fn)
+  def traced_with_mesh(*args):
+    with attention.kernel_mesh(mesh):
+      return step_fn(*args)
+  return traced_with_mesh
+
+
+def jit_steps(model_cfg, seq_len, tx, mesh, state_shardings, grad_accum_steps=1):
+  """jit-compiled train and eval steps with explicit shardings; state donated."""
+  batch_shardings = {"input_ids": sharding.batch_sharding(mesh)}
+  replicated = sharding.replicated(mesh)
+  train_step = jax.jit(
+      with_kernel_mesh(make_train_step(model_cfg, seq_len, tx, grad_accum_steps), mesh),
+      in_shardings=(state_shardings, batch_shardings),
+      out_shardings=(state_shardings, replicated),
+      donate_argnums=0)
+  eval_step = jax.jit(
+      with_kernel_mesh(make_eval_step(model_cfg, seq_len), mesh),
+      in_shardings=(state_shardings.params, batch_shardings, replicated, replicated),
+      out_shardings=replicated)
+  return train_step, eval_step
+
+
+@dataclasses.dataclass
+class Program:
+  """What a run compiles, built by one function per kind of run
+  (`pretrain_program`, `finetune.run.finetune_program`) that the run and the
+  planner (plan.py) both call, so that the step a plan compiles for TPU chips is
+  the step the run trains with."""
+  tx: optax.GradientTransformation
+  abstract_state: Any  # ShapeDtypeStructs with shardings: nothing allocated.
+  state_shardings: Any
+  train_step: Callable  # jitted (state, batch) -> (state, metrics); state donated.
+  eval_step: Callable  # jitted; pretraining's eval step, fine-tuning's predict step.
+  batch: dict  # name -> ShapeDtypeStruct of one global training batch, sharded.
+
+
+def pretrain_program(config, model_cfg: ModelConfig, mesh) -> Program:
+  """The pretraining run's optimizer, sharded state layout and jitted steps."""
+  tx = make_optimizer(config)
+  abstract, shardings = abstract_sharded_state(model_cfg, config.seq_len, tx, mesh)
+  train_step, eval_step = jit_steps(model_cfg, config.seq_len, tx, mesh, shardings,
+                                    config.grad_accum_steps)
+  batch = {"input_ids": jax.ShapeDtypeStruct(
+      (config.batch_size, config.seq_len), jnp.int32,
+      sharding=sharding.batch_sharding(mesh))}
+  return Program(tx, abstract, shardings, train_step, eval_step, batch)

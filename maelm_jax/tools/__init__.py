@@ -1,0 +1,1 @@
+"""Tools beside the product: fault injection, profiles and compiled programs read back."""

@@ -1,0 +1,79 @@
+"""Docs that cannot rot: every relative link and image of the README, docs/ and the
+benchmark and study READMEs resolves, and every `python -m maelm_jax...` command in
+them names a module that exists, with `--config.*` keys its config really has."""
+
+import importlib.util
+import pathlib
+import re
+
+import pytest
+
+from maelm_jax.run import config_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOCS = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
+               REPO / "studies" / "README.md", *(REPO / "docs").glob("*.md")])
+# The results' links and figures are checked too; their commands are history (a
+# key since renamed stays as it ran).
+RESULTS = [REPO / "benchmarks" / "RESULTS.md", REPO / "studies" / "RESULTS.md"]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+COMMAND = re.compile(r"python3? -m (maelm_jax[\w.]*)((?:\\\n|[^\n`])*)")
+CONFIG_FILE = re.compile(r"--config=(configs/\w+\.py)(?::([^\s'\"`]*))?")
+CONFIG_KEY = re.compile(r"--config\.([\w.]+)=")
+
+
+def relative_links(path: pathlib.Path):
+  for target in LINK.findall(path.read_text()):
+    if re.match(r"[a-z]+:", target) or target.startswith("#"):
+      continue  # A web address or an anchor in the same page.
+    yield target.split("#", 1)[0]
+
+
+@pytest.mark.parametrize("doc", DOCS + RESULTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_and_images_resolve(doc):
+  missing = [t for t in relative_links(doc) if not (doc.parent / t).exists()]
+  assert not missing, f"{doc.relative_to(REPO)} links to missing files: {missing}"
+
+
+def commands(text: str):
+  """(module, argument text) of each `python -m maelm_jax...` command, backslash
+  continuations joined."""
+  for module, args in COMMAND.findall(text):
+    yield module.rstrip("."), args.replace("\\\n", " ")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_commands_name_real_modules_and_config_keys(doc):
+  problems = []
+  for module, args in commands(doc.read_text()):
+    if module == "maelm_jax":
+      continue  # Prose such as "python -m maelm_jax.…" with the name elided.
+    if importlib.util.find_spec(module) is None:
+      problems.append(f"no module {module}")
+      continue
+    config = CONFIG_FILE.search(args)
+    keys = CONFIG_KEY.findall(args)
+    if not config or not keys:
+      continue
+    loaded = config_lib.load_config_module(str(REPO / config[1])).get_config(
+        config[2] or None)
+    for key in keys:
+      node = loaded
+      try:
+        for part in key.split("."):
+          node = node[part]
+      except (KeyError, TypeError, AttributeError):
+        problems.append(f"{module} {config[1]}: no config key {key}")
+  assert not problems, f"{doc.relative_to(REPO)}: " + "; ".join(sorted(set(problems)))
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+  """A broken link and a made-up key are caught (the checks can fail)."""
+  doc = tmp_path / "x.md"
+  doc.write_text("![a](missing.png) [b](https://x.org) [c](#here)\n"
+                 "python -m maelm_jax.main --config=configs/pretrain.py \\\n"
+                 "    --config.model.no_such_key=1 --config.batch_size=2\n")
+  assert list(relative_links(doc)) == ["missing.png"]
+  (module, args), = commands(doc.read_text())
+  assert module == "maelm_jax.main" and CONFIG_KEY.findall(args) == [
+      "model.no_such_key", "batch_size"]
