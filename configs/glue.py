@@ -46,16 +46,16 @@ def get_config(arg=None):
   batch_size, learning_rate, num_epochs = TASK_DEFAULTS[task]
 
   config = ml_collections.ConfigDict()
-  config.mode = "glue"
-  config.task = task
+  config.mode = "glue"  # What main.py runs: 'glue' here.
+  config.task = task  # The GLUE task (TASK_DEFAULTS).
   config.init_from = ""  # Pretraining workdir (required): tokenizer, config, encoder.
   config.init_step = -1  # Checkpoint step to load; -1: the latest.
 
-  config.max_seq_len = 128
+  config.max_seq_len = 128  # Tokens per example, [CLS] and [SEP]s included.
   config.batch_size = batch_size  # Global, in examples.
   config.eval_batch_size = 64  # The last eval batch is padded; nothing is dropped.
-  config.learning_rate = learning_rate
-  config.num_epochs = num_epochs
+  config.learning_rate = learning_rate  # Peak learning rate (the task's default).
+  config.num_epochs = num_epochs  # Passes over the training set.
   common_config.add_common_keys(config)
   # The head reads 'cls' (the first token, the papers' recipe) or 'mean' (the
   # mean of the token vectors).
@@ -64,6 +64,7 @@ def get_config(arg=None):
   config.data = ml_collections.ConfigDict()
   config.data.source = "tsv"  # "tsv" (data.dir) or "tfds" (glue/<task>).
   config.data.dir = ""  # The task's GLUE directory, or the GLUE root above it.
+  # TFDS data_dir for data.source='tfds' ('': TFDS's default).
   config.data.tfds_data_dir = ""
   config.data.max_train_examples = 0  # 0: all; else a fixed random subset.
   config.data.predict_test = False  # Write glue_submission/<Task>.tsv.

@@ -33,36 +33,41 @@ def get_config(arg=None):
   if arg.recipe not in RECIPES:
     raise ValueError(f"recipe={arg.recipe!r} is unknown; use one of {sorted(RECIPES)}")
   config = ml_collections.ConfigDict()
+  # What main.py runs: 'pretrain' here ('glue'/'squad' in the fine-tuning configs).
   config.mode = "pretrain"
 
+  # Optimizer steps of the run (unless total_flops sets them).
   config.total_steps = 10_000
   # > 0: a compute budget instead. total_steps becomes total_flops / the train
   # FLOPs of one step (maelm_jax/modeling/flops.py, the model behind `mfu`), so runs of
   # different objectives or sizes get equal compute without hand arithmetic.
   config.total_flops = 0.0
   config.batch_size = 64  # Global, in sequences.
-  config.seq_len = 128
+  config.seq_len = 128  # Tokens per row, [CLS] and [SEP] included.
+  # Peak learning rate (the recipe sets it per size; see FAST_LEARNING_RATES).
   config.learning_rate = 5e-4
-  config.warmup_steps = 500
+  config.warmup_steps = 500  # Linear warm-up from 0 to the peak over this many steps.
   # > 0: warm-up over this fraction of total_steps instead (so runs of a FLOP
   # budget, whose step counts differ, warm up over the same share of training).
   config.warmup_ratio = 0.0
   config.end_learning_rate_ratio = 0.0  # Linear decay to this fraction of the peak.
-  config.weight_decay = 0.01
+  config.weight_decay = 0.01  # AdamW's decoupled weight decay.
   # "matrices": AdamW decays kernels and embeddings, not biases nor LayerNorm
   # scales (BERT's rule); "all": every parameter (the MAE-LM release's fairseq).
   config.weight_decay_on = "matrices"
-  config.adam_b1 = 0.9
-  config.adam_b2 = 0.98
-  config.adam_eps = 1e-6
-  config.grad_clip_norm = 2.0
-  config.grad_accum_steps = 1
-  config.seed = 0
+  config.adam_b1 = 0.9  # AdamW's first-moment decay.
+  config.adam_b2 = 0.98  # AdamW's second-moment decay (RoBERTa's 0.98).
+  config.adam_eps = 1e-6  # AdamW's epsilon.
+  config.grad_clip_norm = 2.0  # Gradients are clipped to this global norm.
+  config.grad_accum_steps = 1  # Microbatches per step: the same update in less memory.
+  config.seed = 0  # Parameters, masks, dropout and data order.
+  # Steps between log records (metrics.jsonl, TensorBoard, console).
   config.log_every = 50
-  config.eval_every = 1000
-  config.eval_batches = 20
+  config.eval_every = 1000  # Steps between held-out evaluations.
+  config.eval_batches = 20  # Batches per held-out evaluation.
   # Training tokens the unigram/bigram baselines are counted on (baselines.py).
   config.baseline_tokens = 2_000_000
+  # Steps between checkpoints (and one at the end or on SIGTERM).
   config.checkpoint_every = 1000
   config.keep_checkpoints = 3  # The last N checkpoints...
   config.checkpoint_keep_period = 0  # ...plus every Nth step for good (0: none).
@@ -81,16 +86,20 @@ def get_config(arg=None):
   config.dry_run = False
   config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'); one -1 is inferred.
   config.peak_flops_per_device = 0.0  # 0: look up the device kind (flops.CHIPS).
+  # A pretraining workdir whose params start this run (fresh optimizer).
   config.init_from = ""
 
   config.data = ml_collections.ConfigDict()
+  # The corpus: text:, tfds:, arrayrecord: or pydoc: (sources.py).
   config.data.source = "pydoc:"
-  config.data.eval_fraction = 0.01
-  config.data.text_field = "text"
+  config.data.eval_fraction = 0.01  # Share of documents held out for evaluation.
+  config.data.text_field = "text"  # The JSON field or tfds feature that holds the text.
   # A text file that is not UTF-8 text (binary, another encoding) is skipped
   # with a warning naming it ('warn'), or stops the run ('stop').
   config.data.on_bad_text = "warn"
+  # TFDS data_dir for data.source=tfds:... ('': TFDS's default).
   config.data.tfds_data_dir = ""
+  # grain worker processes for tokenizing and packing (0: in-process).
   config.data.num_workers = 0
   # Documents are dealt to this many packed streams (0: one per process). Fix it
   # (e.g. 8) to get the same batches on any process count that divides it.
@@ -100,38 +109,45 @@ def get_config(arg=None):
   config.data.rows = "packed"
 
   config.tokenizer = ml_collections.ConfigDict()
-  config.tokenizer.vocab_size = 8000
-  config.tokenizer.model_type = "unigram"
+  config.tokenizer.vocab_size = 8000  # Pieces, the 5 special ones included.
+  config.tokenizer.model_type = "unigram"  # SentencePiece 'unigram' or 'bpe'.
   config.tokenizer.path = ""  # Empty: train one into the workdir (or reuse it).
+  # Sentences sampled to train the tokenizer.
   config.tokenizer.max_sentences = 2_000_000
 
   config.model = ml_collections.ConfigDict()
-  config.model.objective = arg.objective
-  config.model.size = arg.size
+  config.model.objective = arg.objective  # 'mlm', 'maelm' or '3ml' (model.OBJECTIVES).
+  config.model.size = arg.size  # 'tiny', 'small', 'base' or 'large' (model.SIZES).
   # Size overrides (0: the preset's value).
   config.model.num_layers = 0
-  config.model.hidden = 0
-  config.model.num_heads = 0
-  config.model.mlp = 0
-  config.model.max_positions = 512
-  config.model.ln_type = "post"
+  config.model.hidden = 0  # Width (0: the size's).
+  config.model.num_heads = 0  # Attention heads (0: the size's).
+  config.model.mlp = 0  # FFN width (0: the size's).
+  config.model.max_positions = 512  # Longest sequence the position table holds.
+  config.model.ln_type = "post"  # 'post' (BERT, RoBERTa, MAE-LM) or 'pre' LayerNorm.
+  # T5-style relative position bias, one table shared by all layers.
   config.model.relative_position_bias = True
-  config.model.relative_buckets = 32
+  config.model.relative_buckets = 32  # Rows of the relative position table.
+  # Offsets beyond this share the farthest bucket.
   config.model.relative_max_distance = 128
   config.model.relative_bucket_fn = "t5"  # or the MAE-LM release's "mae_lm".
   config.model.untie_cls_position = True  # [CLS] pairs without position bias (TUPE).
   config.model.relative_bias_init = "normal"  # or "local" (model.local_relative_bias_init)
+  # Residual branches' output projections start at 0.
   config.model.zero_init_residual = False
-  config.model.dropout = 0.1
+  config.model.dropout = 0.1  # Dropout on embeddings and residual branches.
+  # Dropout on attention probabilities (0 lets fused kernels run).
   config.model.attention_dropout = 0.1
   # Dropout on the FFN's hidden units after GELU: none, as in BERT, RoBERTa and
   # MAE-LM (fairseq's --activation-dropout 0).
   config.model.activation_dropout = 0.0
-  config.model.dtype = "bfloat16"
+  config.model.dtype = "bfloat16"  # Matmul dtype; params and logits stay float32.
   # Runtime choices (a run resumes under another): attention.ATTENTION_IMPLS and
   # model.REMAT_POLICIES say what each does; remat=True is remat_policy='full'.
   config.model.attention_impl = "auto"
+  # True: recompute each layer in the backward pass (remat_policy='full').
   config.model.remat = False
+  # What a layer keeps for the backward pass (model.REMAT_POLICIES).
   config.model.remat_policy = "none"
   # One nn.scan over the layers (compiles as fast at 24 layers as at 2); changes
   # the checkpoint layout, which init_from, fine-tuning, analysis and export read
@@ -139,12 +155,17 @@ def get_config(arg=None):
   config.model.scan_layers = False
   # Objective knobs; None takes the objective's default (model.OBJECTIVES).
   config.model.mask_ratio = config_dict.placeholder(float)
+  # Share of selected tokens replaced by a random one.
   config.model.random_replace_prob = config_dict.placeholder(float)
   config.model.keep_prob = config_dict.placeholder(float)
+  # True: selected tokens leave the encoder (MAE-LM, 3ML).
   config.model.drop_masked = config_dict.placeholder(bool)
+  # 'none', 'self' or 'cross' (3ML's cross-attention decoder).
   config.model.decoder_type = config_dict.placeholder(str)
+  # Decoder depth (None: the size's preset).
   config.model.decoder_layers = config_dict.placeholder(int)
-  config.model.decoder_dropout = 0.0
+  config.model.decoder_dropout = 0.0  # Every dropout of the MAE-LM / 3ML decoder.
+  # The decoder's own relative position bias.
   config.model.decoder_relative_position_bias = False
   # False: the LM head predicts with its own output embedding. Tied (the default,
   # as in BERT/RoBERTa/MAE-LM), the softmax pushes every unread piece's input
@@ -179,19 +200,22 @@ def apply_recipe(config, recipe: str) -> None:
     # official MAE-LM release's own (yumeng5/MAE-LM, run_pretrain.sh and
     # fairseq/models/ae; README "recipe=paper against the release").
     config.model.relative_bucket_fn = "mae_lm"
-    config.model.relative_buckets = 64
+    config.model.relative_buckets = 64  # Rows of the relative position table.
     config.model.untie_cls_position = False
     config.weight_decay_on = "all"
     # --sample-break-mode complete_doc: rows never cross a document and are padded;
     # each row masks 15% of its own tokens (masking.py, per-row counts).
     config.data.rows = "complete_doc"
     return
+  # Peak learning rate (the recipe sets it per size; see FAST_LEARNING_RATES).
   config.learning_rate = FAST_LEARNING_RATES[config.model.size]
-  config.warmup_steps = 200
-  config.model.ln_type = "pre"
-  config.model.dropout = 0.0
+  config.warmup_steps = 200  # Linear warm-up from 0 to the peak over this many steps.
+  config.model.ln_type = "pre"  # 'post' (BERT, RoBERTa, MAE-LM) or 'pre' LayerNorm.
+  config.model.dropout = 0.0  # Dropout on embeddings and residual branches.
+  # Dropout on attention probabilities (0 lets fused kernels run).
   config.model.attention_dropout = 0.0
   config.model.relative_bias_init = "local"
+  # The decoder's own relative position bias.
   config.model.decoder_relative_position_bias = True
   # 10% of the selected tokens stay visible and unchanged and are predicted too
   # (BERT's keep rule; MLM and 3ML have it already). For MAE-LM this copy signal

@@ -77,3 +77,17 @@ def test_the_checks_find_what_they_look_for(tmp_path):
   (module, args), = commands(doc.read_text())
   assert module == "maelm_jax.main" and CONFIG_KEY.findall(args) == [
       "model.no_such_key", "batch_size"]
+
+
+def test_the_configuration_reference_is_the_configs_own():
+  """docs/configuration.md lists every key of configs/pretrain.py and
+  configs/glue.py with its default and its comment, and nothing else: it is
+  regenerated here and must match."""
+  from maelm_jax.tools import config_reference
+  written = (REPO / "docs" / "configuration.md").read_text()
+  assert written == config_reference.reference(), (
+      "docs/configuration.md is out of date with the configs: run python -m "
+      "maelm_jax.tools.config_reference --out=docs/configuration.md")
+  for key in ("`batch_size`", "`model.objective`", "`data.source`", "`pooling`"):
+    assert f"| {key} |" in written
+  assert "|  |" not in written, "a key without a comment: add one in its config"
