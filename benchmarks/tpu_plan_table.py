@@ -11,8 +11,9 @@ named chips on this CPU host, a compile-time model, not a measurement. The
 largest batch is found by bisection on the batch (a multiple of the slice's
 chips), starting from the linear estimate one compile gives: compile time, not
 a grid, is the cost (about 20-60 s a compile on 2 cores with scanned layers).
-Rows are appended to --out as each finishes, and a rerun skips the rows already
-there; --markdown prints the table from the file.
+Each row is written to --out as it finishes, and a rerun skips the rows already
+there (a row searched but without its estimate gets only the estimate);
+--markdown prints the table from the file.
 """
 
 from __future__ import annotations
@@ -106,13 +107,23 @@ def largest_batch(objective, size, remat, devices, topology, seq_len, log):
       lo, best = middle, result
     else:
       hi = middle
-  if lo:  # The estimate (step time, MFU) at the batch found.
-    try:
-      best = try_batch(objective, size, lo, remat, devices, topology, seq_len,
-                       estimate=True)
-    except Exception as error:  # pylint: disable=broad-except
-      log(f"    no estimate at batch {lo}: {str(error).splitlines()[0][:200]}")
+  if lo:
+    best = estimate_at(objective, size, remat, devices, topology, seq_len, lo, log) or best
   return lo, best, compiles
+
+
+def estimate_at(objective, size, remat, devices, topology, seq_len, batch, log):
+  """The plan's estimate (step time, MFU, what bounds it) at `batch`."""
+  try:
+    return try_batch(objective, size, batch, remat, devices, topology, seq_len,
+                     estimate=True)
+  except Exception as error:  # pylint: disable=broad-except
+    log(f"    no estimate at batch {batch}: {str(error).splitlines()[0][:200]}")
+    return None
+
+
+def key(row) -> tuple:
+  return row["objective"], row["size"], row["topology"], row["remat"]
 
 
 def markdown(rows) -> list[str]:
@@ -149,35 +160,45 @@ def main():
   if args.markdown:
     print("\n".join(markdown(rows)))
     return
-  done = {(r["objective"], r["size"], r["topology"], r["remat"]) for r in rows}
+  by_key = {key(r): r for r in rows}
   log = lambda text: print(text, flush=True)
   slices = [plan.topology_devices(t) for t in args.topologies.split(",")]
   for size in args.sizes.split(","):
     for objective in args.objectives.split(","):
       for devices, name in slices:
         for remat in args.remat.split(","):
-          if (objective, size, name, remat) in done:
+          old = by_key.get((objective, size, name, remat))
+          if old is not None and (not old["batch"] or "roofline_seconds" in old):
             continue
           log(f"{objective} {size} {name} remat={remat}:")
           started = time.perf_counter()
-          batch, best, compiles = largest_batch(objective, size, remat, devices, name,
-                                                args.seq_len, log)
+          if old is not None:  # Searched already: only the estimate is missing.
+            batch, compiles = old["batch"], old["compiles"]
+            best = estimate_at(objective, size, remat, devices, name, args.seq_len,
+                               batch, log)
+          else:
+            batch, best, compiles = largest_batch(objective, size, remat, devices,
+                                                  name, args.seq_len, log)
           row = {"objective": objective, "size": size, "topology": name,
                  "remat": remat, "seq_len": args.seq_len, "batch": batch,
                  "compiles": compiles,
-                 "search_seconds": round(time.perf_counter() - started)}
+                 "search_seconds": round(time.perf_counter() - started)
+                                   + (old or {}).get("search_seconds", 0)}
           if best is not None and best.get("estimated_step_seconds"):
             row.update({"bytes_per_chip": best["bytes_per_chip"]["total"],
                         "step_seconds": best["estimated_step_seconds"],
                         "tokens_per_second": best["estimated_tokens_per_second"],
                         "mfu": best["estimated_mfu"], "bound_by": best["bound_by"],
+                        "roofline_seconds": best["roofline_seconds"],
                         "collectives": best["collectives"],
                         "attention": {k: v["implementation"]
                                       for k, v in best["attention"].items()}})
-          with open(out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+          by_key[key(row)] = row
+          rows = list(by_key.values())
+          temporary = out.with_suffix(".tmp")  # A killed run keeps the old file.
+          temporary.write_text("".join(json.dumps(r) + "\n" for r in rows))
+          temporary.replace(out)
           log(f"  -> batch {batch} ({compiles} compiles, {row['search_seconds']} s)")
-          rows.append(row)
   print("\n".join(markdown(rows)))
 
 

@@ -319,7 +319,7 @@ def one_more_layer(built: Built, devices) -> tuple[dict, int]:
   cost analysis counts a scanned stack's loop body once; this is what each
   further iteration costs by XLA's own count: the difference between small
   unscanned compiles of the same step with one and two layers in that stack, at
-  the microbatch (at half of it, scaled by 2, where that does not compile)."""
+  the microbatch (at about half of it, scaled, where that does not compile)."""
   config = built.config
   micro = built.batch_size // built.grad_accum_steps
   dp = built.mesh.shape["data"] * built.mesh.shape["fsdp"]
@@ -339,9 +339,12 @@ def one_more_layer(built: Built, devices) -> tuple[dict, int]:
         out[stack] = tuple((m - b) * micro / batch for m, b in zip(more, base))
       return out, batch
     except Exception as error:  # pylint: disable=broad-except
-      if "RESOURCE_EXHAUSTED" not in str(error) or batch // 2 < dp or (batch // 2) % dp:
+      # Half, down to a multiple of the data-parallel size (the microbatch
+      # need not be a power of two: 1744 on 16 chips is 109 rows a chip).
+      smaller = batch // 2 // dp * dp
+      if "RESOURCE_EXHAUSTED" not in str(error) or smaller < dp:
         raise
-      batch //= 2
+      batch = smaller
 
 
 def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> dict:

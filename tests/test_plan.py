@@ -291,3 +291,33 @@ def test_the_plan_and_main_share_a_process():
   process (a notebook, a test worker) may import both."""
   import maelm_jax.main  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   assert "config" in plan.FLAGS and callable(plan.define_flags)
+
+
+def test_one_more_layer_halves_to_a_batch_the_mesh_divides(monkeypatch):
+  """The estimate's unscanned probes run at the microbatch; where that does not
+  compile, at about half of it, still a multiple of the data-parallel size
+  (1744 on 16 chips: 109 rows a chip, so not 872 but 864), scaled back."""
+  from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
+  built = SimpleNamespace(
+      config={}, batch_size=1744, grad_accum_steps=1,
+      mesh=SimpleNamespace(shape={"data": 1, "fsdp": 16, "tensor": 1}),
+      model_cfg=SimpleNamespace(decoder_type="none"))
+  tried = []
+
+  def fake_build(overrides, devices):
+    tried.append(overrides["batch_size"])
+    if overrides["batch_size"] > 1000:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm")
+    return overrides
+
+  def fake_cost(probe):  # FLOPs and bytes linear in the batch and layers.
+    layers = probe.get("model.num_layers", 1)
+    return 10.0 * probe["batch_size"] * layers, 3.0 * probe["batch_size"] * layers
+
+  monkeypatch.setattr(plan, "_with", lambda config, overrides: overrides)
+  monkeypatch.setattr(plan, "build", fake_build)
+  monkeypatch.setattr(plan, "_cost", fake_cost)
+  costs, probed = plan.one_more_layer(built, devices=None)
+  assert tried[0] == 1744 and probed == 864 and probed % 16 == 0
+  # One more layer at the whole microbatch: 10 and 3 per row.
+  assert costs["encoder"] == pytest.approx((10.0 * 1744, 3.0 * 1744))
