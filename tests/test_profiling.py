@@ -28,9 +28,8 @@ def test_kinds_and_base_names():
   assert profiling.kind_of("while.5") == "while"
 
 
-def test_summary_of_a_real_trace_finds_the_matmuls_inside_scan(tmp_path):
-  """A scan of 3 large matmuls + tanh: the matmuls dominate, the enclosing `while`
-  is charged almost nothing, and op time does not exceed the traced wall time."""
+def trace_a_scan_of_matmuls(trace_dir) -> float:
+  """Traces 3 calls of a scan of 3 large matmuls + tanh; returns the wall time."""
   w = jnp.full((384, 384), 1e-3)
 
   @jax.jit
@@ -42,11 +41,16 @@ def test_summary_of_a_real_trace_finds_the_matmuls_inside_scan(tmp_path):
   x = jnp.ones((384, 384))
   f(x).block_until_ready()
   start = time.perf_counter()
-  with jax.profiler.trace(str(tmp_path)):
+  with jax.profiler.trace(str(trace_dir)):
     for _ in range(3):
       f(x).block_until_ready()
-  wall = time.perf_counter() - start
+  return time.perf_counter() - start
 
+
+def test_summary_of_a_real_trace_finds_the_matmuls_inside_scan(tmp_path):
+  """The matmuls dominate, the enclosing `while` is charged almost nothing, and
+  op time does not exceed the traced wall time."""
+  wall = trace_a_scan_of_matmuls(tmp_path)
   events = profiling.op_events(str(tmp_path))
   total = sum(s for _, _, s in events)
   assert 0 < total <= wall
@@ -58,6 +62,20 @@ def test_summary_of_a_real_trace_finds_the_matmuls_inside_scan(tmp_path):
     assert ops["while"].share < 0.1
   text = profiling.format_summary(str(tmp_path), top=2)
   assert "matmul (dot / gemm)" in text and "op time" in text
+
+
+def test_a_process_that_planned_for_tpu_still_profiles_its_cpu_steps(tmp_path):
+  """Once libtpu has described TPU chips in this process (python -m
+  maelm_jax.plan, or a test of it), traces carry empty TPU planes; the CPU's
+  ops are still found (they were not: 0 events, after test_plan in a worker)."""
+  from maelm_jax import plan  # pylint: disable=g-import-not-at-top
+  if plan.libtpu_problem():
+    pytest.skip(plan.libtpu_problem())
+  plan.topology_devices("v5e:2x2")
+  wall = trace_a_scan_of_matmuls(tmp_path)
+  events = profiling.op_events(str(tmp_path))
+  assert 0 < sum(s for _, _, s in events) <= wall
+  assert profiling.summarize(events, "kind")[0].name.startswith("matmul")
 
 
 def test_a_directory_without_a_trace_says_how_to_record_one(tmp_path):

@@ -26,12 +26,15 @@ trace then shows one `command_buffer` op where the kernels were (a quarter of
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import glob
 import os
 import re
+
+from absl import flags
+
+from maelm_jax.core import cli
 
 # (kind, pattern over "hlo_op kernel-name", lower-cased). Order matters: the first
 # match wins, so attention kernels are found before the generic gemm pattern.
@@ -117,9 +120,15 @@ def op_events(trace_dir: str):
   data = jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime))
   planes = list(data.planes)
   device = [p for p in planes if p.name.startswith("/device:")]
-  chosen = device or [p for p in planes if p.name.startswith("/host:CPU")]
+  host = [p for p in planes if p.name.startswith("/host:CPU")]
+  # A device plane can be there and empty: a process that loaded libtpu to plan
+  # (python -m maelm_jax.plan) has TPU planes in its traces of CPU steps.
+  return _plane_op_events(device) or _plane_op_events(host)
+
+
+def _plane_op_events(planes) -> list[tuple[str, str, float]]:
   result = []
-  for plane in chosen:
+  for plane in planes:
     lines = list(plane.lines)
     xla_ops = [line for line in lines if line.name == "XLA Ops"]
     for line in xla_ops or lines:
@@ -160,15 +169,15 @@ def format_summary(trace_dir: str, top: int = 3) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("trace_dir", nargs="+")
-  p.add_argument("--top", type=int, default=5)
-  args = p.parse_args(argv)
-  for trace_dir in args.trace_dir:
+def define_flags() -> None:
+  flags.DEFINE_integer("top", 5, "How many op kinds and ops to list")
+
+
+def main(trace_dirs: list[str]) -> None:
+  for trace_dir in trace_dirs:
     print(trace_dir)
-    print(format_summary(trace_dir, args.top))
+    print(format_summary(trace_dir, flags.FLAGS.top))
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags, positional="TRACE_DIR [TRACE_DIR ...]")
