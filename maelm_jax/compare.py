@@ -40,14 +40,13 @@ import json
 import os
 import random
 import statistics
-import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from maelm_jax.evaluate import analyze, blimp
 from maelm_jax.run import checkpoints, config_lib
-from maelm_jax.core import errors
+from maelm_jax.core import cli
 from maelm_jax import sweep
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.finetune import glue_data, sweep as finetune_sweep
@@ -500,31 +499,24 @@ def _define_flags() -> None:
   flags.DEFINE_integer("blimp_max_pairs", 0, "BLiMP pairs per paradigm (0: all)")
   flags.DEFINE_integer("blimp_curve_pairs", 0, "With --blimp_dir: also score every "
                        "kept checkpoint on this many pairs per paradigm (curves.png)")
-  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
   flags.mark_flags_as_required(["config", "out"])
 
 
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main() -> None:
   FLAGS = flags.FLAGS
   if FLAGS.tasks and not FLAGS.glue_dir:
     raise app.UsageError("--glue_dir is required for --tasks (or pass --tasks=)")
-  try:
-    summary = errors.one_line_errors(
-        compare, config_flags.get_config_filename(FLAGS["config"]), FLAGS.out,
-        config_flags.get_override_values(FLAGS["config"]), glue_dir=FLAGS.glue_dir,
-        tasks=FLAGS.tasks, num_tokens=FLAGS.num_tokens, blimp_dir=FLAGS.blimp_dir,
-        blimp_max_pairs=FLAGS.blimp_max_pairs,
-        blimp_curve_pairs=FLAGS.blimp_curve_pairs, verbose=FLAGS.verbose,
-        command=" ".join(["python -m maelm_jax.compare"] + sys.argv[1:]))
-  except KeyboardInterrupt:
-    sys.stderr.write("stopped (the running run saved); the same command resumes\n")
-    sys.exit(130)
+  summary = compare(
+      config_flags.get_config_filename(FLAGS["config"]), FLAGS.out,
+      config_flags.get_override_values(FLAGS["config"]), glue_dir=FLAGS.glue_dir,
+      tasks=FLAGS.tasks, num_tokens=FLAGS.num_tokens, blimp_dir=FLAGS.blimp_dir,
+      blimp_max_pairs=FLAGS.blimp_max_pairs,
+      blimp_curve_pairs=FLAGS.blimp_curve_pairs,
+      command=cli.command_line("maelm_jax.compare"))
   logging.info("wrote %s", os.path.join(os.path.abspath(FLAGS.out), "comparison.md"))
   print(format_markdown(summary, FLAGS.tasks))
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags, stopped="the running run saved; the same command "
+          "resumes")

@@ -12,17 +12,15 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from maelm_jax.run import host_memory
-from maelm_jax.core.errors import parse_flags
-from maelm_jax.core import workdir as workdir_lib
-from maelm_jax.core.errors import error_message, is_user_error
+from maelm_jax.core import cli, workdir as workdir_lib
 
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
-                                "configs/pretrain.py:objective=maelm,size=tiny",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer go.")
-flags.DEFINE_bool("verbose", False, "Print the full traceback of an error that "
-                  "maelm_jax reports in a line (bad config, input or workdir).")
-flags.mark_flags_as_required(["config", "workdir"])
+
+def define_flags() -> None:
+  config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                  "configs/pretrain.py:objective=maelm,size=tiny",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer go.")
+  flags.mark_flags_as_required(["config", "workdir"])
 
 
 def _says_disk_full(record) -> bool:
@@ -79,9 +77,7 @@ def summary(workdir: str, last: dict) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main() -> None:
   logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # Imported late so that --xla flags and env set by launchers apply.
   from maelm_jax.run import distributed
@@ -104,28 +100,22 @@ def main(argv):
   mode = config.get("mode", "pretrain")
   if mode not in ("pretrain", "glue", "squad"):
     raise app.UsageError(f"config.mode={mode!r}: expected pretrain, glue or squad")
-  try:
-    if mode == "pretrain":
-      last = train.train_and_evaluate(config, flags.FLAGS.workdir)
-      if watchdog is not None:  # Done: peers stop watching this process.
-        watchdog.finish()
-      if last.get("stopped_by") == "SIGINT":
-        sys.exit(130)  # Saved, but stopped by the user: a `&&` chain stops too.
-      if jax.process_index() == 0 and not last.get("dry_run"):
-        print(summary(flags.FLAGS.workdir, last), flush=True)
-    else:
-      from maelm_jax.finetune import run as finetune_run
-      results = finetune_run.run(config, flags.FLAGS.workdir)
-      if watchdog is not None:
-        watchdog.finish()
-      if results.get("stopped_by") == "SIGINT":
-        sys.exit(130)
-  except Exception as error:  # pylint: disable=broad-except
-    if flags.FLAGS.verbose or not is_user_error(error):
-      raise
-    sys.stderr.write(error_message(error) + "\n")
-    sys.exit(1)
+  if mode == "pretrain":
+    last = train.train_and_evaluate(config, flags.FLAGS.workdir)
+    if watchdog is not None:  # Done: peers stop watching this process.
+      watchdog.finish()
+    if last.get("stopped_by") == "SIGINT":
+      sys.exit(130)  # Saved, but stopped by the user: a `&&` chain stops too.
+    if jax.process_index() == 0 and not last.get("dry_run"):
+      print(summary(flags.FLAGS.workdir, last), flush=True)
+  else:
+    from maelm_jax.finetune import run as finetune_run
+    results = finetune_run.run(config, flags.FLAGS.workdir)
+    if watchdog is not None:
+      watchdog.finish()
+    if results.get("stopped_by") == "SIGINT":
+      sys.exit(130)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  cli.run(main, define_flags)

@@ -51,8 +51,10 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 # a table of plans, a launcher beside a notebook).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from maelm_jax.core import cli  # noqa: E402
 
 MARGIN = 0.05  # Of a chip's HBM left free: what libtpu reserves (0.25 of v5e's
 # 16 GiB, by its compiler's own "available HBM (15.75G)"), the next batch's
@@ -165,14 +167,14 @@ def build(config, devices, size: str = "", vocab_size: int = 0) -> Built:
   functions, without data, checkpoints or a workdir."""
   from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
   from maelm_jax.modeling import flops  # pylint: disable=g-import-not-at-top
-  from maelm_jax.run import config_lib, train, train_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import config_lib, run_tokenizer, train, train_lib  # pylint: disable=g-import-not-at-top
   mode = config.get("mode", "pretrain")
   if mode == "pretrain":
     config = config_lib.resolve(config)
     config_lib.validate(config)
     mesh = sharding.make_mesh(config.mesh_shape, devices)
     train.check_batch_fits_mesh(config, mesh)
-    vocab, mask_id, _ = train.planned_vocabulary(config, None)
+    vocab, mask_id, _ = run_tokenizer.planned_vocabulary(config, None)
     model_cfg = train.pretraining_model_config(config, vocab, mask_id)
     program = train_lib.pretrain_program(config, model_cfg, mesh)
     return Built(program, model_cfg, mesh, config.seq_len, config.batch_size,
@@ -681,30 +683,18 @@ def define_flags():
   flags.mark_flags_as_required(["config", "topology"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from maelm_jax.core.errors import error_message, is_user_error  # pylint: disable=g-import-not-at-top
+def main() -> int:
   try:
-    status, result, lines = run(FLAGS.config, FLAGS.topology, FLAGS.out, FLAGS.size,
-                                FLAGS.vocab_size)
+    status, _, lines = run(FLAGS.config, FLAGS.topology, FLAGS.out, FLAGS.size,
+                           FLAGS.vocab_size)
   except PlanError as error:
     sys.stderr.write(f"plan: {error}\n")
-    sys.exit(1)
-  except Exception as error:  # pylint: disable=broad-except
-    if not is_user_error(error):
-      raise
-    sys.stderr.write("plan: " + error_message(error) + "\n")
-    sys.exit(1)
+    return 1
   print("\n".join(lines), flush=True)
-  if FLAGS.out:
-    print(f"  plan.json    {os.path.join(FLAGS.out, 'plan.json')}"
-          if status == 0 else "", end="\n" if status == 0 else "", flush=True)
-  del result
-  sys.exit(status)
+  if FLAGS.out and status == 0:
+    print(f"  plan.json    {os.path.join(FLAGS.out, 'plan.json')}", flush=True)
+  return status
 
 
 if __name__ == "__main__":
-  from maelm_jax.core.errors import parse_flags  # pylint: disable=g-import-not-at-top
-  define_flags()
-  app.run(main, flags_parser=parse_flags)
+  cli.run(main, define_flags)

@@ -33,13 +33,13 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Any, Sequence
+from typing import Any
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from maelm_jax.run import checkpoints, config_lib
-from maelm_jax.core import errors, workdir as workdir_lib
+from maelm_jax.core import cli, workdir as workdir_lib
 
 LAUNCHERS = ("local", "tpu_pod", "slurm")
 
@@ -168,30 +168,21 @@ def _define_flags() -> None:
   flags.DEFINE_string("sweep_dir", None, "One workdir per run goes here")
   flags.DEFINE_enum("launch", None, LAUNCHERS, "Print one launch command per run "
                     "instead of running them")
-  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
   flags.mark_flags_as_required(["config", "sweep_dir"])
 
 
-def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main() -> None:
   FLAGS = flags.FLAGS
   config_file = config_flags.get_config_filename(FLAGS["config"])
   overrides = config_flags.get_override_values(FLAGS["config"])
   if FLAGS.launch:
-    runs = errors.one_line_errors(expand, config_file, overrides, verbose=FLAGS.verbose)
+    runs = expand(config_file, overrides)
     print("\n".join(launch_commands(runs, config_file, FLAGS.sweep_dir, overrides,
                                     FLAGS.launch)))
     return
-  try:
-    errors.one_line_errors(run_sweep, config_file, FLAGS.sweep_dir, overrides,
-                           verbose=FLAGS.verbose)
-  except KeyboardInterrupt:
-    sys.stderr.write("sweep stopped (the running run saved); run the same command "
-                     "to resume\n")
-    sys.exit(130)
+  run_sweep(config_file, FLAGS.sweep_dir, overrides)
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags, stopped="the running run saved; the same command "
+          "resumes the sweep")

@@ -286,13 +286,6 @@ def test_collectives_and_kernels_inside_a_loop_count_once_per_iteration():
   assert stats.largest_buffers[0][:2] == (131072, "bf16[64,1024]")
 
 
-def test_the_plan_and_main_share_a_process():
-  """Both define `--config`: the plan defines its flags only when it runs, so a
-  process (a notebook, a test worker) may import both."""
-  import maelm_jax.main  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  assert "config" in plan.FLAGS and callable(plan.define_flags)
-
-
 def test_one_more_layer_halves_to_a_batch_the_mesh_divides(monkeypatch):
   """The estimate's unscanned probes run at the microbatch; where that does not
   compile, at about half of it, still a multiple of the data-parallel size

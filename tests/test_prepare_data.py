@@ -22,7 +22,7 @@ from maelm_jax.data import prepare_data
 from maelm_jax.data import prepared
 from maelm_jax.data import sources
 from maelm_jax.data import tokenizer as tokenizer_lib
-from maelm_jax.run import train
+from maelm_jax.run import run_tokenizer
 from tests import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -124,13 +124,13 @@ def test_token_ids_give_the_rows_of_the_text(text_corpus, prepared_text, tokeniz
   config = helpers.tiny_config()
   config.data.source = f"arrayrecord:{out}"
   workdir = str(tmp_path / "run")
-  assert train.tokenizer_path_for(config, workdir, ids.token_ids_tokenizer) == str(
+  assert run_tokenizer.tokenizer_path_for(config, workdir, ids.token_ids_tokenizer) == str(
       out / "tokenizer.model")
   other = tmp_path / "other.model"
   other.write_bytes(b"not the same tokenizer")
   config.tokenizer.path = str(other)
   with pytest.raises(ValueError, match="holds token ids of .*drop --config.tokenizer.path"):
-    train.tokenizer_path_for(config, workdir, ids.token_ids_tokenizer)
+    run_tokenizer.tokenizer_path_for(config, workdir, ids.token_ids_tokenizer)
 
 
 def _parquet(path, texts, column="text", row_group_size=3):

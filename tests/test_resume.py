@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from maelm_jax.run import checkpoints, train, train_lib
+from maelm_jax.run import checkpoints, run_tokenizer, train, train_lib
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.core import sharding
 from tests.helpers import random_ids, tiny_config
@@ -158,7 +158,7 @@ def test_resume_on_another_device_count(tmp_path, tokenizer_file, reference, dev
   # Pretend the run stopped at 20: drop the later checkpoint, resume elsewhere.
   import shutil
   shutil.rmtree(os.path.join(checkpoints.checkpoint_dir(tmp_path), "40"))
-  out = run(tmp_path, tokenizer_file, f"--config.mesh_shape=(-1,1,1)",
+  out = run(tmp_path, tokenizer_file, "--config.mesh_shape=(-1,1,1)",
             devices=devices)
   assert f"over {devices} devices" in out.stderr and "at step 20" in out.stderr
   steps, values = losses(tmp_path)
@@ -276,10 +276,10 @@ def test_resume_refuses_a_tokenizer_of_the_other_kind(tmp_path, stored, given):
   config = tiny_config()
   config.tokenizer.path = str(tmp_path / given)
   with pytest.raises(ValueError, match=f"differs from {workdir / stored}.*new --workdir"):
-    train.tokenizer_path_for(config, str(workdir))
+    run_tokenizer.tokenizer_path_for(config, str(workdir))
   # The same file of the same kind resumes.
   same = tmp_path / ("same" + os.path.splitext(stored)[1])
   same.write_text("the run's own tokenizer")
   if stored.endswith(".model"):
     config.tokenizer.path = str(same)
-    assert train.tokenizer_path_for(config, str(workdir)) == str(same)
+    assert run_tokenizer.tokenizer_path_for(config, str(workdir)) == str(same)

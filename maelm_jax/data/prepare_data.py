@@ -43,17 +43,15 @@ import lzma
 import multiprocessing
 import os
 import shutil
-import sys
 import time
 from typing import Any
 import zlib
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 
-from maelm_jax.core import errors
+from maelm_jax.core import cli, errors
 from maelm_jax.data import prepared
 from maelm_jax.data import sources
 from maelm_jax.data import text as text_lib
@@ -624,25 +622,16 @@ def _define_flags() -> None:
   flags.DEFINE_integer("records_per_shard", 100_000, "tfds:/pydoc: records per shard.")
   flags.DEFINE_bool("verify", False, "On a finished corpus, check every shard's "
                     "SHA-256 (not only its size) and rewrite the damaged ones.")
-  flags.DEFINE_bool("verbose", False, "Tracebacks for the project's own errors.")
 
 
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main() -> None:
   FLAGS = flags.FLAGS
-  try:
-    metadata = errors.one_line_errors(
-        prepare, FLAGS.source, FLAGS.out, text_field=FLAGS.text_field,
-        tokenizer_path=FLAGS.tokenizer, workers=FLAGS.workers,
-        on_bad_text=FLAGS.on_bad_text, eval_fraction=FLAGS.eval_fraction,
-        tfds_data_dir=FLAGS.tfds_data_dir, records_per_shard=FLAGS.records_per_shard,
-        verify=FLAGS.verify, verbose=FLAGS.verbose,
-        command=" ".join(["python -m maelm_jax.prepare_data"] + sys.argv[1:]))
-  except KeyboardInterrupt:
-    sys.stderr.write("stopped; finished shards are kept and the same command "
-                     "resumes\n")
-    sys.exit(130)
+  metadata = prepare(
+      FLAGS.source, FLAGS.out, text_field=FLAGS.text_field,
+      tokenizer_path=FLAGS.tokenizer, workers=FLAGS.workers,
+      on_bad_text=FLAGS.on_bad_text, eval_fraction=FLAGS.eval_fraction,
+      tfds_data_dir=FLAGS.tfds_data_dir, records_per_shard=FLAGS.records_per_shard,
+      verify=FLAGS.verify, command=cli.command_line("maelm_jax.prepare_data"))
   print(f"{FLAGS.out}: {metadata['documents']:,} documents, "
         f"{metadata['text_bytes'] / 1e6:,.1f} MB of text in "
         f"{len(metadata['shards'])} shards ({metadata['format']}); train with "
@@ -650,5 +639,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags,
+          stopped="finished shards are kept, and the same command resumes")

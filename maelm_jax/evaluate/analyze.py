@@ -48,16 +48,15 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 
-from absl import app, flags, logging
+from absl import flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.core import config_defaults as defaults, errors
+from maelm_jax.core import cli, config_defaults as defaults
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.data import pipeline, sources
 from maelm_jax.data import tokenizer as tokenizer_lib
@@ -323,24 +322,18 @@ def _define_flags() -> None:
   flags.DEFINE_integer("step", None, "Checkpoint step (default: each one's newest)")
   flags.DEFINE_integer("batch_size", 32, "Rows per forward pass")
   flags.DEFINE_integer("seq_len", None, "Row length (default: the first workdir's)")
-  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
   flags.mark_flags_as_required(["workdir", "out"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it reads.
+def main():
   FLAGS = flags.FLAGS
-  results = errors.one_line_errors(
-      analyze, FLAGS.workdir, FLAGS.out, source=FLAGS.source,
+  results = analyze(
+      FLAGS.workdir, FLAGS.out, source=FLAGS.source,
       num_tokens=FLAGS.num_tokens, step=FLAGS.step, batch_size=FLAGS.batch_size,
-      seq_len=FLAGS.seq_len, verbose=FLAGS.verbose,
-      command=" ".join(["python -m maelm_jax.analyze"] + sys.argv[1:]))
+      seq_len=FLAGS.seq_len, command=cli.command_line("maelm_jax.analyze"))
   print(format_table(results))
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {PLOT_FILE}")
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags, quiet=True)  # Orbax logs every file it reads.

@@ -49,13 +49,13 @@ import statistics
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.core import errors, sharding
+from maelm_jax.core import cli, sharding
 from maelm_jax.modeling import masking, model as model_lib
 from maelm_jax.data import sources
 from maelm_jax.data import tokenizer as tokenizer_lib
@@ -532,26 +532,20 @@ def _define_flags() -> None:
                        "baseline is counted on (0: no baseline)")
   flags.DEFINE_string("ngram_source", "", "Text for the bigram baseline (a "
                       "data.source spec; default: the first workdir's)")
-  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
   flags.mark_flags_as_required(["workdir", "data", "out"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it reads.
+def main():
   FLAGS = flags.FLAGS
-  results = errors.one_line_errors(
-      evaluate, FLAGS.workdir, FLAGS.data, FLAGS.out, variant=FLAGS.variant,
+  results = evaluate(
+      FLAGS.workdir, FLAGS.data, FLAGS.out, variant=FLAGS.variant,
       step=FLAGS.step, batch_size=FLAGS.batch_size, max_pairs_per_paradigm=FLAGS.max_pairs,
       ngram_tokens=FLAGS.ngram_tokens, ngram_source=FLAGS.ngram_source,
-      verbose=FLAGS.verbose,
-      command=" ".join(["python -m maelm_jax.blimp"] + sys.argv[1:]))
+      command=cli.command_line("maelm_jax.blimp"))
   print(format_table(results))
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {TABLE_FILE}, "
         f"{PLOT_FILE}")
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags, quiet=True)  # Orbax logs every file it reads.

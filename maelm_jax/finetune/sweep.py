@@ -38,6 +38,7 @@ from typing import Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from maelm_jax.core import cli
 from maelm_jax.run import config_lib
 from maelm_jax.finetune import glue_data
 
@@ -222,9 +223,7 @@ def _define_flags() -> None:
   flags.mark_flag_as_required("sweep_dir")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main():
   FLAGS = flags.FLAGS
   if not FLAGS.report_only:
     if FLAGS.config is None:
@@ -242,5 +241,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags, stopped="the running run saved; the same command "
+          "goes on from it")

@@ -54,9 +54,9 @@ import shutil
 import types
 import uuid
 
-from absl import app, flags
+from absl import flags
 
-from maelm_jax.core import workdir as workdir_lib
+from maelm_jax.core import cli, workdir as workdir_lib
 
 REFERENCE_TEXTS = (
     ("The quick brown fox jumps over the lazy dog.",),
@@ -528,18 +528,13 @@ def _define_flags() -> None:
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest)")
   flags.DEFINE_bool("with_lm_head", False, "Also export the MLM head (MLM runs)")
   flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out")
-  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
   flags.mark_flags_as_required(["workdir", "out"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from maelm_jax.core import errors
+def main():
   FLAGS = flags.FLAGS
-  kind = errors.one_line_errors(export, FLAGS.workdir, FLAGS.out, step=FLAGS.step,
-                                with_lm_head=FLAGS.with_lm_head,
-                                overwrite=FLAGS.overwrite, verbose=FLAGS.verbose)
+  kind = export(FLAGS.workdir, FLAGS.out, step=FLAGS.step,
+                with_lm_head=FLAGS.with_lm_head, overwrite=FLAGS.overwrite)
   out = os.path.abspath(FLAGS.out)
   remote = "" if kind == "roberta" else ", trust_remote_code=True"
   print(f"exported a {kind} encoder to {out}\n"
@@ -548,5 +543,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags)

@@ -38,9 +38,10 @@ import json
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 import numpy as np
 
+from maelm_jax.core import cli
 from maelm_jax.interop import import_hf
 
 PRETRAIN_ARG = "objective=maelm,size=base,recipe=paper"
@@ -251,22 +252,21 @@ def _define_flags() -> None:
   flags.DEFINE_integer("heads", 0, "Attention heads (0: hidden / 64, the release's "
                        "base and large; a state dict does not record them).")
   flags.DEFINE_integer("max_rel_pos", 128, "The release's --max-rel-pos.")
+  flags.mark_flags_as_required(["src", "dict", "tokenizer", "workdir"])
 
 
-def main(argv):
-  del argv
+def main():
   f = flags.FLAGS
   try:
     summary = import_checkpoint(f.src, f.dict, f.tokenizer, f.workdir,
                                 heads=f.heads, max_rel_pos=f.max_rel_pos)
   except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
-    sys.exit(f"import_fairseq: {e}")
+    # Also what torch and numpy raise reading a file of another kind.
+    sys.exit(f"error: {e}")
   print(json.dumps(summary, indent=2))
-  print(f"fine-tune: python -m maelm_jax.finetune.run --config=configs/glue.py:task=sst2 "
+  print(f"fine-tune: python -m maelm_jax.main --config=configs/glue.py:task=sst2 "
         f"--config.init_from={os.path.abspath(f.workdir)} --workdir=W_sst2")
 
 
 if __name__ == "__main__":
-  _define_flags()
-  flags.mark_flags_as_required(["src", "dict", "tokenizer", "workdir"])
-  app.run(main)
+  cli.run(main, _define_flags)

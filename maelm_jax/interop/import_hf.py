@@ -41,10 +41,10 @@ import shutil
 import sys
 import uuid
 
-from absl import app, flags, logging
+from absl import flags, logging
 import numpy as np
 
-from maelm_jax.core import workdir as workdir_lib
+from maelm_jax.core import cli, workdir as workdir_lib
 
 MARKER = "import.json"
 PARITY_TOLERANCE = 1e-4  # float32, largest absolute difference.
@@ -407,17 +407,12 @@ def _define_flags() -> None:
   flags.DEFINE_string("workdir", None, "A new directory for the workdir")
   flags.DEFINE_bool("check", False, "Then compare the import with transformers' "
                     "model of --src on tricky text (needs torch and transformers)")
-  flags.DEFINE_bool("verbose", False, "Full traceback of an error")
   flags.mark_flags_as_required(["src", "workdir"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from maelm_jax.core import errors  # pylint: disable=g-import-not-at-top
+def main():
   FLAGS = flags.FLAGS
-  summary = errors.one_line_errors(import_checkpoint, FLAGS.src, FLAGS.workdir,
-                                   verbose=FLAGS.verbose)
+  summary = import_checkpoint(FLAGS.src, FLAGS.workdir)
   workdir = os.path.abspath(FLAGS.workdir)
   print(f"imported a {summary['model_type']} encoder ({summary['layers']} layers, "
         f"hidden {summary['hidden']}, {summary['vocab_size']} tokens; MLM head "
@@ -435,5 +430,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  cli.run(main, _define_flags)

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import filecmp
 import json
 import os
-import shutil
-import tempfile
 import time
 
 from absl import logging
@@ -28,10 +25,11 @@ import numpy as np
 
 from maelm_jax.core import config_defaults as defaults
 from maelm_jax.core import sharding, workdir as workdir_lib
-from maelm_jax.data import corpus_report, pipeline, sources, tokenizer as tokenizer_lib
+from maelm_jax.data import corpus_report, pipeline, sources
 from maelm_jax.modeling import flops, model as model_lib
 from maelm_jax.run import (baselines, checkpoints, config_lib, metric_writers, plots,
-                           pretrained as pretrained_lib, run_session, train_lib)
+                           pretrained as pretrained_lib, run_session, run_tokenizer,
+                           train_lib)
 
 
 # --------------------------------------------------------------------------
@@ -67,63 +65,12 @@ def check_corpus_fills_a_batch(source, tokenizer, seq_len, batch_size, what) -> 
       f"seq_len" + (", or raise data.eval_fraction" if what == "eval" else ""))
 
 
-def tokenizer_path_for(config, workdir: str,
-                       corpus_tokenizer: str | None = None) -> str | None:
-  """The tokenizer a run must use: its own, else the one it was told, else the
-  init_from run's, else the one a token-id corpus was prepared with (which any
-  other must equal); a resumed run may not swap it for another."""
-  wanted = config.tokenizer.path or (
-      tokenizer_lib.workdir_tokenizer_path(config.init_from) if config.init_from
-      else "") or corpus_tokenizer or ""
-  if corpus_tokenizer and not filecmp.cmp(wanted, corpus_tokenizer, shallow=False):
-    raise ValueError(
-        f"{config.data.source} holds token ids of {corpus_tokenizer}, but this run "
-        f"uses {wanted}; drop --config.tokenizer.path (the corpus's tokenizer is "
-        "used), or prepare the corpus with --tokenizer=" + wanted)
-  # The workdir's own file of either kind: a SentencePiece run resumed with a
-  # tokenizer.json (or the reverse) is a swap too, not a first copy.
-  own = tokenizer_lib.workdir_tokenizer_path(workdir)
-  if wanted and os.path.isfile(own) and (
-      os.path.basename(own) != tokenizer_lib.own_name(wanted)
-      or not _same_tokenizer(own, wanted)):
-    raise ValueError(
-        f"tokenizer {wanted} differs from {own}, the tokenizer this workdir's "
-        "checkpoints were trained with; drop --config.tokenizer.path (and "
-        "init_from) to resume, or use a new --workdir")
-  return wanted or None
-
-
 def pretraining_model_config(config, vocab_size: int, mask_id: int):
   """The model as pretraining runs it: rows of one document padded to the length
   (`data.rows=complete_doc`) mask a share of their own tokens (masking.py)."""
   return dataclasses.replace(
       model_lib.ModelConfig.from_config(config.model, vocab_size, mask_id),
       mask_per_row=defaults.get(config, "data.rows") == "complete_doc")
-
-
-def _same_tokenizer(own: str, given: str) -> bool:
-  """Whether the workdir's tokenizer file is `given` as the run stores it (a
-  tokenizer.json is stored with the roles at ids 0..4)."""
-  if own.endswith(".json"):
-    with open(own, encoding="utf-8") as f:
-      return f.read() == tokenizer_lib.project_order_text(given)
-  return filecmp.cmp(own, given, shallow=False)
-
-
-def staged_tokenizer(given: str) -> str:
-  """A file of the tokenizer as the run stores it: `given` itself, or, for a
-  Hugging Face tokenizer.json whose ids 0..4 are not the roles, a re-indexed
-  copy in a temporary file (`tokenizer.project_order_text`)."""
-  if not given.endswith(".json"):
-    return given
-  text = tokenizer_lib.project_order_text(given)
-  with open(given, encoding="utf-8") as f:
-    if f.read() == text:
-      return given
-  fd, staged = tempfile.mkstemp(suffix=".json")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-  return staged
 
 
 def last_logged_metrics(workdir: str, step: int) -> dict:
@@ -236,35 +183,13 @@ def _all_processes_have(flag: bool) -> bool:
 # --------------------------------------------------------------------------
 # The loop.
 # --------------------------------------------------------------------------
-def planned_vocabulary(config, workdir: str | None) -> tuple[int, int, str]:
-  """(vocabulary size, [MASK] id, where they come from) of the tokenizer a
-  launch would use, without reading the corpus: the workdir's, else the one it
-  is told (tokenizer.path, init_from), else `tokenizer.vocab_size` of the one it
-  would train. Shared by the dry run and the planner (plan.py)."""
-  own = tokenizer_lib.workdir_tokenizer_path(workdir) if workdir else None
-  given = (tokenizer_path_for(config, workdir) if workdir and os.path.isdir(workdir)
-           else config.tokenizer.path or (
-               tokenizer_lib.workdir_tokenizer_path(config.init_from)
-               if config.init_from else None))
-  for path in (own, given):
-    if path and os.path.exists(path):
-      staged = staged_tokenizer(path) if path == given else path
-      try:
-        tokenizer = tokenizer_lib.open_tokenizer(staged)
-      finally:
-        if staged != path:
-          os.unlink(staged)
-      return tokenizer.vocab_size, tokenizer.mask_id, path
-  return config.tokenizer.vocab_size, 4, "to be trained into the workdir"
-
-
 def describe_launch(config, workdir: str) -> list[str]:
   """What a launch would do, decided without reading the corpus, compiling or
   writing anything (`--config.dry_run=True`): model, masks, FLOPs, mesh, data,
   and the workdir's state."""
   mesh = sharding.make_mesh(config.mesh_shape)
   check_batch_fits_mesh(config, mesh)
-  vocab, mask_id, vocab_from = planned_vocabulary(config, workdir)
+  vocab, mask_id, vocab_from = run_tokenizer.planned_vocabulary(config, workdir)
   model_cfg = pretraining_model_config(config, vocab, mask_id)
   abstract = train_lib.pretrain_program(config, model_cfg, mesh).abstract_state
   sizes = {k: sum(x.size for x in jax.tree.leaves(v))
@@ -333,29 +258,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                        on_bad_text=defaults.get(config, "data.on_bad_text"))
   train_source = sources.open_source(config.data.source, "train", **source_kwargs)
   eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
-  tokenizer_path = tokenizer_path_for(config, workdir,
-                                      train_source.token_ids_tokenizer)
-  own_tokenizer = (os.path.join(workdir, tokenizer_lib.own_name(tokenizer_path))
-                   if tokenizer_path else "")
-  # What is loaded: the workdir's copy once there, else the given file as the
-  # workdir will store it (a raw tokenizer.json re-indexed, roles at 0..4).
-  load_path = (own_tokenizer if own_tokenizer and os.path.exists(own_tokenizer)
-               else staged_tokenizer(tokenizer_path) if tokenizer_path else None)
-  try:
-    tokenizer = tokenizer_lib.load_or_train_tokenizer(
-        workdir, lambda: pipeline.training_texts(train_source),
-        vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
-        path=load_path, max_sentences=config.tokenizer.max_sentences,
-        seed=config.seed, is_writer=is_main)
-    if is_main and tokenizer_path and not os.path.exists(own_tokenizer):
-      # The workdir is self-contained; atomic, as other processes may read it.
-      shutil.copyfile(load_path, own_tokenizer + ".tmp")
-      os.replace(own_tokenizer + ".tmp", own_tokenizer)
-    if load_path != tokenizer_path and isinstance(tokenizer, tokenizer_lib.HFTokenizer):
-      tokenizer.path = own_tokenizer  # Not the staged copy deleted below.
-  finally:
-    if load_path not in (None, tokenizer_path, own_tokenizer):
-      os.unlink(load_path)  # A staged re-indexed copy.
+  tokenizer = run_tokenizer.load_run_tokenizer(
+      config, workdir, lambda: pipeline.training_texts(train_source),
+      corpus_tokenizer=train_source.token_ids_tokenizer, is_writer=is_main)
   # Each process reads 1/process_count of the documents and needs its share of
   # the batch, so the whole split must hold a global batch.
   for source, split in ((train_source, "train"), (eval_source, "eval")):

@@ -40,8 +40,10 @@ import threading
 import time
 from typing import Any
 
-from absl import app, flags, logging
+from absl import flags
 import numpy as np
+
+from maelm_jax.core import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PHASES = ("start-up", "set-up", "first batches", "compilation", "steps",
@@ -614,17 +616,15 @@ def chaos(out: str, runs: tuple[str, ...] = ("pretrain", "glue"), kills: int = 1
   return summaries
 
 
-def main(argv) -> None:
-  del argv
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it reads.
+def main() -> int:
   FLAGS = flags.FLAGS
   summaries = chaos(FLAGS.out, tuple(FLAGS.runs), FLAGS.kills, FLAGS.seed,
                     FLAGS.devices, FLAGS.steps)
   print(f"report: {os.path.join(FLAGS.out, 'chaos_report.json')}")
-  sys.exit(1 if any(s["failures"] for s in summaries) else 0)
+  return 1 if any(s["failures"] for s in summaries) else 0
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
   flags.DEFINE_string("out", None, "A new (or empty) directory for the runs and the "
                       "report.", required=True)
   flags.DEFINE_list("runs", ["pretrain", "glue"], "Which runs to kill: pretrain, glue.")
@@ -632,4 +632,7 @@ if __name__ == "__main__":
   flags.DEFINE_integer("seed", 0, "Draws the phases, instants and signals.")
   flags.DEFINE_integer("devices", 2, "Fake CPU devices of each run.")
   flags.DEFINE_integer("steps", None, "Pretraining steps (default 3 per kill + 30).")
-  app.run(main)
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags, quiet=True)  # Orbax logs every file it reads.

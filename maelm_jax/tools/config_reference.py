@@ -11,13 +11,15 @@ command fails the tests, naming it.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import io
 import pathlib
 import re
 import tokenize
 
+from absl import flags
+
+from maelm_jax.core import cli
 from maelm_jax.finetune import common_config
 from maelm_jax.run import config_lib
 
@@ -87,14 +89,15 @@ def reference() -> str:
   return "\n".join(out)
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--out", required=True)
-  args = p.parse_args(argv)
-  pathlib.Path(args.out).write_text(reference())
-  print(f"wrote {args.out}")
-  return 0
+def define_flags() -> None:
+  flags.DEFINE_string("out", None, "The file to write, docs/configuration.md",
+                      required=True)
+
+
+def main() -> None:
+  pathlib.Path(flags.FLAGS.out).write_text(reference())
+  print(f"wrote {flags.FLAGS.out}")
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  cli.run(main, define_flags)
