@@ -1,7 +1,9 @@
 r"""Hours of running: does a long run leak memory or slow down?
 
-  python benchmarks/soak.py --workdir=/tmp/soak --steps=5000 --plot=docs/soak.png
-  python benchmarks/soak.py --replot=docs/soak.json   # summary and plot again
+  python benchmarks/soak.py --workdir=/tmp/soak --steps=5000 --plot=docs/soak.png \
+      --json=benchmarks/results/soak/soak.json
+  python benchmarks/soak.py --replot=benchmarks/results/soak/soak.json \
+      --plot=docs/soak.png   # summary and plot again
 
 Runs `python -m maelm_jax.main` (tiny MAE-LM, CPython's docs by default, so
 the data repeats for many epochs) for --steps with everything a long run does:
@@ -13,7 +15,7 @@ The step time is the run's own throughput over the 100 steps before each record
 (evaluation excluded, as the run reports it).
 
 The run's C allocator is jemalloc (preloaded, as the launchers do: glibc's
-arenas hold on to more memory at every save, README "Long runs") unless
+arenas hold on to more memory at every save, docs/long-runs-and-faults.md, "Hours of running") unless
 --allocator=glibc. The records so far are rewritten beside the plot at each
 record, so a soak cut short (a machine taken back) still has its figures:
 --replot makes the summary and plot from them.
@@ -38,7 +40,10 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from maelm_jax.run import host_memory  # noqa: E402
+sys.path.insert(0, str(REPO / "configs"))
+
+import pretrain  # noqa: E402  (configs/pretrain.py)
+from maelm_jax.run import config_lib, host_memory  # noqa: E402
 from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 
 
@@ -76,19 +81,30 @@ def main() -> None:
   parser.add_argument("--checkpoint_every", type=int, default=100)
   parser.add_argument("--eval_every", type=int, default=500)
   parser.add_argument("--plot", default=None,
-                      help="The plot (PNG; the figures in the JSON beside it); default "
-                      "<workdir>/soak.png. An existing one is not overwritten.")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="Another config value, e.g. --set=model.scan_layers=True")
+                      help="The plot (PNG); default <workdir>/soak.png. An existing one "
+                      "is not overwritten.")
+  parser.add_argument("--json", default=None,
+                      help="Every row and the summary (JSON); default: beside --plot. "
+                      "An existing one is not overwritten.")
   parser.add_argument("--allocator", choices=("jemalloc", "glibc"), default="jemalloc",
                       help="The run's C allocator: jemalloc preloaded (as the launchers "
                       "do), or glibc's malloc")
   parser.add_argument("--replot", metavar="SOAK_JSON",
                       help="Only the summary and plot again, from a soak's JSON")
-  args = parser.parse_args()
+  # --config.KEY=VALUE: another config value, as python -m maelm_jax.main takes it
+  # (e.g. --config.model.scan_layers=True); checked against the run's config.
+  argv, overrides = config_lib.split_overrides(sys.argv[1:])
+  parser.epilog = "Also --config.KEY=VALUE, as python -m maelm_jax.main takes it."
+  args = parser.parse_args(argv)
+  for key, value in overrides:
+    try:
+      config_lib.typed_set(pretrain.get_config("objective=maelm,size=tiny"), key, value)
+    except (KeyError, ValueError) as error:
+      parser.error(str(error.args[0]))
   if args.replot:
     soak = json.loads(pathlib.Path(args.replot).read_text())
-    summarize_and_plot(soak, pathlib.Path(args.replot).with_suffix(".png"))
+    summarize_and_plot(soak, pathlib.Path(args.plot or pathlib.Path(args.replot).with_suffix(".png")),
+                       pathlib.Path(args.replot))
     return
   env = dict(os.environ)
   if args.allocator == "jemalloc":
@@ -111,12 +127,13 @@ def main() -> None:
              "--config.keep_checkpoints=3",
              f"--config.tokenizer.vocab_size={args.vocab_size}",
              "--config.data.eval_fraction=0.05", "--config.eval_batches=4",
-             *(f"--config.{kv}" for kv in args.set)]
+             *(f"--config.{k}={v}" for k, v in overrides)]
   plot = pathlib.Path(args.plot or os.path.join(args.workdir, "soak.png"))
-  if plot.exists() or plot.with_suffix(".json").exists():
-    sys.exit(f"--plot={plot}: it or its JSON exists already (a soak's figures); "
-             "give another path")
-  plot.parent.mkdir(parents=True, exist_ok=True)
+  record_path = pathlib.Path(args.json) if args.json else plot.with_suffix(".json")
+  for path, flag in ((plot, "--plot"), (record_path, "--json")):
+    if path.exists():
+      sys.exit(f"{flag}={path} exists already (a soak's figures); give another path")
+    path.parent.mkdir(parents=True, exist_ok=True)
   started = time.time()
   with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log, env=env)
@@ -143,15 +160,15 @@ def main() -> None:
       seen = len(lines)
       print(json.dumps(rows[-1]), flush=True)
       soak["wall_minutes"] = round((time.time() - started) / 60, 1)
-      plot.with_suffix(".json").write_text(json.dumps(soak, indent=1))
+      record_path.write_text(json.dumps(soak, indent=1))
   if process.returncode != 0:
     sys.exit(f"the run failed (exit {process.returncode}); see {log.name}")
-  summarize_and_plot(soak, plot)
+  summarize_and_plot(soak, plot, record_path)
 
 
-def summarize_and_plot(record: dict, plot: pathlib.Path) -> None:
-  """Adds the summary to `record` (a soak's command and rows), writes it beside
-  `plot` as JSON, prints it, and draws RSS and step time against the step."""
+def summarize_and_plot(record: dict, plot: pathlib.Path, record_path: pathlib.Path) -> None:
+  """Adds the summary to `record` (a soak's command and rows), writes it to
+  `record_path`, prints it, and draws RSS and step time against the step."""
   rows = record["rows"]
 
   steps = np.array([r["step"] for r in rows])
@@ -180,7 +197,7 @@ def summarize_and_plot(record: dict, plot: pathlib.Path) -> None:
   rows = record.pop("rows")
   record["rows"] = rows  # Last in the file, after the figures.
   plot.parent.mkdir(parents=True, exist_ok=True)
-  plot.with_suffix(".json").write_text(json.dumps(record, indent=1))
+  record_path.write_text(json.dumps(record, indent=1))
 
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")

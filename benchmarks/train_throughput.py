@@ -155,18 +155,14 @@ def parse_args(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
   # --config.KEY=VALUE: the product's overrides of the pretraining config, applied
   # last (e.g. --config.model.relative_position_bias=False).
-  overrides = [a for a in argv if a.startswith("--config.")]
-  args = p.parse_args([a for a in argv if not a.startswith("--config.")])
-  args.config_overrides = []
-  for item in overrides:
-    if "=" not in item:
-      p.error(f"{item}: write --config.KEY=VALUE")
-    key, value = item[len("--config."):].split("=", 1)
-    try:
-      typed_set(pretrain.get_config(), key, value)
-    except (KeyError, ValueError) as e:
-      p.error(f"{item}: {e}")
-    args.config_overrides.append((key, value))
+  try:
+    argv, args_overrides = config_lib.split_overrides(argv)
+    for key, value in args_overrides:
+      config_lib.typed_set(pretrain.get_config(), key, value)
+  except (KeyError, ValueError) as e:
+    p.error(str(e.args[0]))
+  args = p.parse_args(argv)
+  args.config_overrides = args_overrides
   if args.dry_run:
     args.sizes, args.seq_lens = args.sizes[:1], args.seq_lens[:1]
     args.steps, args.repeats = 2, 1
@@ -198,24 +194,6 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------ Setup --
 
-def typed_set(config, key: str, text: str) -> None:
-  """config[key] = text, typed like the value it replaces (as absl's --config)."""
-  node = config
-  for part in key.split(".")[:-1]:
-    node = node[part]
-  leaf = key.split(".")[-1]
-  if leaf not in node:
-    raise KeyError(f"--config.{key}: no such config key")
-  old = node[leaf]
-  if isinstance(old, bool):
-    value = text.lower() in ("1", "true", "yes")
-  elif old is None or isinstance(old, str):
-    value = text
-  else:
-    value = type(old)(text)
-  config_lib.set_path(config, key, value)
-
-
 def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str,
                  overrides=(), **knobs):
   """The real pretraining config with the benchmark's overrides, resolved.
@@ -233,7 +211,7 @@ def build_config(objective: str, size: str, seq_len: int, batch: int, dtype: str
   for key, value in model_overrides.items():
     config.model[key] = value
   for key, text in overrides:
-    typed_set(config, key, text)
+    config_lib.typed_set(config, key, text)
   config = config_lib.resolve(config)
   config_lib.validate(config)
   return config

@@ -4,7 +4,7 @@ plateau, and when? Prints held-out `[MASK]`-only loss/accuracy every
 
   python studies/plateau_probe.py --name=maelm_fast --config_arg=objective=maelm
   python studies/plateau_probe.py --name=mlm_normal_init \
-      --config_arg=objective=mlm --set model.relative_bias_init=normal
+      --config_arg=objective=mlm --config.model.relative_bias_init=normal
   python studies/plateau_probe.py --name=maelm_paper \
       --config_arg=objective=maelm,recipe=paper
 
@@ -12,14 +12,14 @@ plateau, and when? Prints held-out `[MASK]`-only loss/accuracy every
       --names=mlm_fast,maelm_fast,maelm_paper
 
 Settings: `configs/pretrain.py` (`--config_arg`, default the fast recipe), batch 32 x 128,
-fp32 (faster than bf16 on CPU), every `--set key=value` applied on top. One
+fp32 (faster than bf16 on CPU), every `--config.KEY=VALUE` applied on top (as
+`python -m maelm_jax.main` takes them; records before 2026-11-27 name them `--set`). One
 8000-piece tokenizer is trained on the books once (`--tokenizer`) and shared by
 every probe, so their numbers are comparable. The run goes to /tmp/probe_<name>;
 each eval line is also appended to `--out` as JSON.
 """
 
 import argparse
-import ast
 import json
 import pathlib
 import shutil
@@ -31,7 +31,7 @@ sys.path[:0] = [str(REPO), str(REPO / "configs")]
 
 import pretrain  # noqa: E402  (configs/pretrain.py)
 from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib  # noqa: E402
-from maelm_jax.run import train  # noqa: E402
+from maelm_jax.run import config_lib, train  # noqa: E402
 from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 
 BOOKS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
@@ -47,20 +47,6 @@ def books_tokenizer(path: pathlib.Path, source_spec: str, vocab_size: int) -> st
         vocab_size=vocab_size, model_type="unigram", path=None,
         max_sentences=300_000, seed=0, is_writer=True)
   return str(path)
-
-
-def apply_overrides(config, items):
-  for item in items:
-    key, value = item.split("=", 1)
-    *parents, leaf = key.split(".")
-    target = config
-    for name in parents:
-      target = target[name]
-    try:
-      value = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      pass  # A plain string, e.g. pre.
-    target[leaf] = value
 
 
 def train_flops_per_step(workdir: pathlib.Path) -> float:
@@ -174,15 +160,14 @@ def main():
   p.add_argument("--source", default=f"text:{BOOKS}/*.txt.xz")
   p.add_argument("--tokenizer", default="/tmp/probe_tokenizer/tokenizer.model")
   p.add_argument("--out", default="/tmp/probe_results.jsonl")
-  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="config override, e.g. model.ln_type=pre")
   p.add_argument("--plot", default="",
                  help="only draw the probes --names from --out into this PNG and "
                  "print their table")
   p.add_argument("--names", default="")
   p.add_argument("--title", default="tiny, 31 books, batch 32 x 128",
-                 help="the plot's title, e.g. to name a --set the probes share")
-  args = p.parse_args()
+                 help="the plot's title, e.g. to name an override the probes share")
+  argv, overrides = config_lib.split_overrides(sys.argv[1:])
+  args = p.parse_args(argv)
   if args.plot:
     plot(args.out, args.names.split(","), args.plot, args.title)
     print(table(args.out, args.names.split(",")))
@@ -199,7 +184,8 @@ def main():
   config.model.dtype = "float32"
   config.eval_every = config.log_every = config.checkpoint_every = args.eval_every
   config.eval_batches = 10
-  apply_overrides(config, args.set)
+  for key, value in overrides:
+    config_lib.typed_set(config, key, value)
   workdir = pathlib.Path(f"/tmp/probe_{args.name}")
   shutil.rmtree(workdir, ignore_errors=True)
   start = time.time()
@@ -209,7 +195,8 @@ def main():
   with open(args.out, "a") as out:
     for record in workdir_lib.read_metrics(str(workdir)):
       if "eval/mask_loss" in record:
-        record.update(name=args.name, overrides=args.set, train_flops_per_step=per_step,
+        record.update(name=args.name, overrides=[f"{k}={v}" for k, v in overrides],
+                      train_flops_per_step=per_step,
                       wall_min=round((time.time() - start) / 60, 1))
         out.write(json.dumps(record) + "\n")
         print(args.name, record["step"], *(round(record.get(k, -1), 4) for k in (

@@ -37,7 +37,6 @@ import os
 import pathlib
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from maelm_jax.core import workdir as workdir_lib  # noqa: E402
+from maelm_jax.run import config_lib  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 START, END = "<!-- pretraining_helps:start -->", "<!-- pretraining_helps:end -->"
@@ -63,11 +63,10 @@ def parse_args(argv=None):
   p.add_argument("--corpus", default=f"text:{SHARED}/corpus/gutenberg/*.txt.xz")
   p.add_argument("--tokenizer", default="",
                  help="a tokenizer.model to use (default: train one on the books)")
-  p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                 help="pretraining config override, e.g. model.keep_prob=0.0")
-  p.add_argument("--finetune_override", action="append", default=[],
-                 metavar="KEY=VALUE", help="fine-tuning config override, e.g. "
-                 "pooling=mean")
+  p.epilog = ("Also --config.KEY=VALUE (the pretraining config, e.g. "
+              "--config.model.keep_prob=0.0) and --finetune_config.KEY=VALUE (the "
+              "fine-tuning config, e.g. --finetune_config.pooling=mean), as python -m "
+              "maelm_jax.main takes them.")
   p.add_argument("--seeds", default="1,2,3")
   p.add_argument("--finetune_lr", type=float, default=1e-4)
   p.add_argument("--sst2_examples", type=int, default=8000)
@@ -76,7 +75,22 @@ def parse_args(argv=None):
   p.add_argument("--results", default=str(REPO / "studies" / "RESULTS.md"))
   p.add_argument("--dry_run", action="store_true",
                  help="tiny settings, results not written (smoke test)")
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    argv, pretrain_overrides = config_lib.split_overrides(argv)
+    argv, finetune_overrides = config_lib.split_overrides(argv, "--finetune_config.")
+    for key, value in pretrain_overrides:
+      config_lib.typed_set(config_lib.load_config_module(
+          str(REPO / "configs" / "pretrain.py")).get_config(None), key, value)
+    for key, value in finetune_overrides:
+      config_lib.typed_set(config_lib.load_config_module(
+          str(REPO / "configs" / "glue.py")).get_config(None), key, value)
+  except (KeyError, ValueError) as error:
+    p.error(str(error.args[0]))
   args = p.parse_args(argv)
+  # As the results record them: KEY=VALUE.
+  args.override = [f"{k}={v}" for k, v in pretrain_overrides]
+  args.finetune_override = [f"{k}={v}" for k, v in finetune_overrides]
   if args.dry_run:
     args.pretrain_steps, args.sst2_examples, args.seeds = 20, 256, "1"
     args.epochs = "sst2=1,qnli=1,cola=1"
@@ -227,7 +241,7 @@ def format_section(s: dict) -> str:
       f"{ev.get('eval/bigram_accuracy', float('nan')):.1%}), loss "
       f"{ev.get('eval/mask_loss', float('nan')):.3f} (unigram "
       f"{ev.get('eval/unigram_loss', float('nan')):.3f}).",
-      f"* Fine-tuning: `configs/glue.py`"
+      "* Fine-tuning: `configs/glue.py`"
       + "".join(f", {o}" for o in a.get("finetune_override", [])) +
       f", lr {a['finetune_lr']:g}, batch 32, epochs "
       f"{a['epochs']}, max_seq_len {a['max_seq_len']}, SST-2 on a fixed "

@@ -12,7 +12,7 @@ embedding table alone can add at this size and data.
       --glue_dir=/tmp/helps/glue --out=/tmp/word_vector_init
 
 Same fine-tuning protocol as `pretraining_helps.py --finetune_lr=1e-3
---finetune_override=pooling=mean` (SST-2: 8,000 training sentences, 2 epochs,
+--finetune_config.pooling=mean` (SST-2: 8,000 training sentences, 2 epochs,
 length 64, batch 32, last epoch scored).
 """
 

@@ -6,6 +6,7 @@ Every error says what is wrong and which `--config.x=...` fixes it.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 
@@ -50,6 +51,51 @@ def set_path(config: ml_collections.ConfigDict, dotted: str, value) -> None:
   for key in parents:
     config = config[key]
   config[leaf] = value
+
+
+def typed_set(config: ml_collections.ConfigDict, dotted: str, text: str) -> None:
+  """config[dotted] = text, typed like the value it replaces, as `--config.a.b=text`
+  is on the command line of every `python -m maelm_jax...`; for scripts (studies,
+  benchmarks) that take the same overrides with argparse."""
+  node = config
+  *parents, leaf = dotted.split(".")
+  for part in parents:
+    if part not in node:
+      raise KeyError(f"--config.{dotted}: no such config key ({part!r})")
+    node = node[part]
+  if leaf not in node:
+    raise KeyError(f"--config.{dotted}: no such config key")
+  old = node[leaf]
+  if isinstance(old, bool):
+    if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+      raise ValueError(f"--config.{dotted}={text}: expected True or False")
+    value = text.lower() in ("1", "true", "yes")
+  elif isinstance(old, str):
+    value = text
+  elif old is None or isinstance(old, (tuple, list)):
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text  # A plain string, e.g. pre.
+  else:
+    value = type(old)(text)
+  node[leaf] = value
+
+
+def split_overrides(argv: list[str], prefix: str = "--config.") -> tuple[
+    list[str], list[tuple[str, str]]]:
+  """`argv` without its `--config.KEY=VALUE` items, and those items as (KEY,
+  VALUE), for argparse scripts that take the product's overrides."""
+  rest, overrides = [], []
+  for item in argv:
+    if not item.startswith(prefix):
+      rest.append(item)
+    elif "=" not in item:
+      raise ValueError(f"{item}: write {prefix}KEY=VALUE")
+    else:
+      key, value = item[len(prefix):].split("=", 1)
+      overrides.append((key, value))
+  return rest, overrides
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
