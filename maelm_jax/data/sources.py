@@ -465,6 +465,18 @@ def open_tfds_split(name: str, split: str, data_dir: str | None) -> Any:
         "--data_dir=DIR` and pass --config.data.tfds_data_dir=DIR") from e
 
 
+def tfds_records(name: str, split: str, data_dir: str | None) -> Iterator[dict]:
+  """Every record of one tfds split, in order (`open_tfds_split`)."""
+  records = open_tfds_split(name, split, data_dir)
+  for i in range(len(records)):
+    yield records[i]
+
+
+def tfds_text(value: Any) -> str:
+  """A tfds text feature (bytes) as str."""
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 def _tfds_source(name: str, split: str, eval_fraction: float, text_field: str,
                  data_dir: str | None) -> DocumentSource:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top

@@ -75,6 +75,24 @@ class _ProjectIds:
                        f"for the tokenizer at {self.path!r}")
     return [i for i in ids if i not in (PAD_ID, CLS_ID, SEP_ID, MASK_ID)]
 
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(path={self.path!r}, vocab_size={self.vocab_size})"
+
+  # Both kinds wrap a native handle (SentencePiece's C++, tokenizers' Rust): a
+  # pickle carries the file's contents instead, so a tokenizer can travel to
+  # grain's worker processes.
+  def __getstate__(self):
+    return {"path": self.path, "contents": self._contents()}
+
+  def __setstate__(self, state):
+    self._load(state["path"], state["contents"])
+
+  def _contents(self):
+    raise NotImplementedError
+
+  def _load(self, path: str, contents) -> None:
+    raise NotImplementedError
+
 
 class Tokenizer(_ProjectIds):
   """A SentencePiece model with [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0..4.
@@ -146,16 +164,11 @@ class Tokenizer(_ProjectIds):
                        self._sp.id_to_piece(int(i)).startswith(SP_WORD_START)
                        for i in np.asarray(ids).reshape(-1)], bool)
 
-  def __repr__(self) -> str:
-    return f"Tokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+  def _contents(self) -> bytes:
+    return self._model_proto
 
-  # SentencePieceProcessor is a C++ handle; pickle the model bytes instead so
-  # the tokenizer can travel to grain's worker processes.
-  def __getstate__(self):
-    return {"path": self.path, "model_proto": self._model_proto}
-
-  def __setstate__(self, state):
-    self._init_from_proto(state["path"], state["model_proto"])
+  def _load(self, path: str, contents: bytes) -> None:
+    self._init_from_proto(path, contents)
 
 
 # --------------------------------------------------------------------------
@@ -258,14 +271,11 @@ class HFTokenizer(_ProjectIds):
         starts.append(piece.startswith(self._start))
     return np.asarray(starts, bool)
 
-  def __repr__(self) -> str:
-    return f"HFTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+  def _contents(self) -> str:
+    return self._json
 
-  def __getstate__(self):
-    return {"path": self.path, "json": self._json}
-
-  def __setstate__(self, state):
-    self._init_from_json(state["path"], state["json"])
+  def _load(self, path: str, contents: str) -> None:
+    self._init_from_json(path, contents)
 
 
 def open_tokenizer(path: str) -> Tokenizer | HFTokenizer:

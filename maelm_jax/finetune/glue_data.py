@@ -25,7 +25,7 @@ import csv
 import dataclasses
 import math
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 from absl import logging
 import numpy as np
@@ -250,17 +250,11 @@ def resolve_task_dir(task: GlueTask, data_dir: str) -> str:
 # tfds.
 
 
-def _text(value: Any) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def read_tfds(task: GlueTask, split: str, *,
               data_dir: str | None = None) -> list[GlueExample]:
   """Examples of tfds `glue/<task>` split `split` (test labels are -1 -> None)."""
-  records = sources.open_tfds_split(f"glue/{task.name}", split, data_dir)
   examples = []
-  for i in range(len(records)):
-    record = records[i]
+  for i, record in enumerate(sources.tfds_records(f"glue/{task.name}", split, data_dir)):
     raw = record.get("label", -1)
     if task.is_regression:
       label = float(raw)
@@ -268,7 +262,8 @@ def read_tfds(task: GlueTask, split: str, *,
     else:
       label = int(raw) if int(raw) >= 0 else None
     examples.append(GlueExample(int(record.get("idx", i)),
-                                tuple(_text(record[f]) for f in task.tfds_text_features),
+                                tuple(sources.tfds_text(record[f])
+                                      for f in task.tfds_text_features),
                                 label))
   return examples
 

@@ -38,7 +38,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 from absl import logging
 import numpy as np
@@ -97,17 +97,12 @@ def read_squad_json(path: str) -> list[SquadExample]:
   return examples
 
 
-def _text(value: Any) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def read_squad_tfds(version: str, split: str, *,
                     data_dir: str | None = None) -> list[SquadExample]:
   """tfds `squad/v<version>` split "train" or "validation"."""
-  records = sources.open_tfds_split(f"squad/v{version}", split, data_dir)
+  _text = sources.tfds_text
   examples = []
-  for i in range(len(records)):
-    r = records[i]
+  for r in sources.tfds_records(f"squad/v{version}", split, data_dir):
     answers = r["answers"]
     examples.append(SquadExample(
         qid=_text(r["id"]), question=_text(r["question"]), context=_text(r["context"]),

@@ -21,28 +21,20 @@ class MaelmConfig(PretrainedConfig):
   """
 
   model_type = "maelm"
+  # The encoder's own fields and their defaults (a tiny encoder); config.json
+  # gives the run's values.
+  FIELDS = dict(vocab_size=8000, hidden_size=128, num_hidden_layers=2,
+                num_attention_heads=2, intermediate_size=512,
+                max_position_embeddings=512, ln_type="pre",
+                relative_position_bias=True, relative_buckets=32,
+                relative_max_distance=128, untie_cls_position=True,
+                layer_norm_eps=1e-5, objective="maelm")
 
-  def __init__(self, vocab_size=8000, hidden_size=128, num_hidden_layers=2,
-               num_attention_heads=2, intermediate_size=512,
-               max_position_embeddings=512, ln_type="pre",
-               relative_position_bias=True, relative_buckets=32,
-               relative_max_distance=128, untie_cls_position=True,
-               layer_norm_eps=1e-5,
-               tie_word_embeddings=True, objective="maelm", pad_token_id=0,
-               bos_token_id=2, eos_token_id=3, **kwargs):
+  def __init__(self, tie_word_embeddings=True, pad_token_id=0, bos_token_id=2,
+               eos_token_id=3, **kwargs):
+    fields = {name: kwargs.pop(name, default) for name, default in self.FIELDS.items()}
     super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
                      eos_token_id=eos_token_id,
                      tie_word_embeddings=tie_word_embeddings, **kwargs)
-    self.vocab_size = vocab_size
-    self.hidden_size = hidden_size
-    self.num_hidden_layers = num_hidden_layers
-    self.num_attention_heads = num_attention_heads
-    self.intermediate_size = intermediate_size
-    self.max_position_embeddings = max_position_embeddings
-    self.ln_type = ln_type
-    self.relative_position_bias = relative_position_bias
-    self.relative_buckets = relative_buckets
-    self.relative_max_distance = relative_max_distance
-    self.untie_cls_position = untie_cls_position
-    self.layer_norm_eps = layer_norm_eps
-    self.objective = objective
+    for name, value in fields.items():
+      setattr(self, name, value)
