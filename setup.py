@@ -6,6 +6,7 @@ TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
 setup(
     name="maelm_jax",
     version="0.1.0",
+    license="Apache-2.0",
     description="TPU-first JAX/Flax pretraining of masked-language-model encoders (MAE-LM, 3ML, MLM).",
     packages=find_packages(include=["maelm_jax", "maelm_jax.*"]),
     python_requires=">=3.10",

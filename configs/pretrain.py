@@ -198,7 +198,7 @@ def apply_recipe(config, recipe: str) -> None:
   if recipe == "paper":
     # The fields above are the MAE-LM / RoBERTa settings; these four are the
     # official MAE-LM release's own (yumeng5/MAE-LM, run_pretrain.sh and
-    # fairseq/models/ae; README "recipe=paper against the release").
+    # fairseq/models/ae; docs/pretraining-and-data.md, "recipe=paper against the release").
     config.model.relative_bucket_fn = "mae_lm"
     config.model.relative_buckets = 64  # Rows of the relative position table.
     config.model.untie_cls_position = False

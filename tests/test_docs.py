@@ -1,7 +1,10 @@
 """Docs that cannot rot: every relative link and image of the README, docs/ and the
 benchmark and study READMEs resolves, and every `python -m maelm_jax...` command in
-them names a module that exists, with `--config.*` keys its config really has."""
+them names a module that exists, with flags that module defines and `--config.*`
+keys its config really has."""
 
+import functools
+import importlib
 import importlib.util
 import pathlib
 import re
@@ -16,10 +19,16 @@ DOCS = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
 # The results' links and figures are checked too; their commands are history (a
 # key since renamed stays as it ran).
 RESULTS = [REPO / "benchmarks" / "RESULTS.md", REPO / "studies" / "RESULTS.md"]
+# A markdown link or image: [text](target).
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# A command, with its arguments to the end of the line or of the code span.
 COMMAND = re.compile(r"python3? -m (maelm_jax[\w.]*)((?:\\\n|[^\n`])*)")
+# Its config file and argument, and the config keys it sets.
 CONFIG_FILE = re.compile(r"--config=(configs/\w+\.py)(?::([^\s'\"`]*))?")
 CONFIG_KEY = re.compile(r"--config\.([\w.]+)=")
+# absl's own flags, which every command accepts.
+ABSL_FLAGS = {"help", "helpfull", "helpshort", "flagfile", "verbosity", "v",
+              "logtostderr", "alsologtostderr", "log_dir", "only_check_args", "pdb"}
 
 
 def relative_links(path: pathlib.Path):
@@ -42,15 +51,28 @@ def commands(text: str):
     yield module.rstrip("."), args.replace("\\\n", " ")
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
-def test_commands_name_real_modules_and_config_keys(doc):
+@functools.lru_cache(maxsize=None)
+def defined_flags(module: str) -> frozenset:
+  """The flags `module` defines (read from its source: a command defines its
+  flags only when it runs, so that commands can share a process)."""
+  every_command = REPO / "maelm_jax" / "core" / "cli.py"  # --verbose
+  sources = [pathlib.Path(importlib.import_module(module).__file__), every_command]
+  text = "".join(p.read_text() for p in sources)
+  return frozenset(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", text)) | ABSL_FLAGS
+
+
+def command_problems(text: str) -> list[str]:
   problems = []
-  for module, args in commands(doc.read_text()):
+  for module, args in commands(text):
     if module == "maelm_jax":
       continue  # Prose such as "python -m maelm_jax.…" with the name elided.
     if importlib.util.find_spec(module) is None:
       problems.append(f"no module {module}")
       continue
+    args = re.sub(r"#.*", "", args)  # A shell comment after the command.
+    flags = re.findall(r"(?<![\w.-])--(\w+)(?![\w.])", args)  # Not --config.x.
+    unknown = set(flags) - defined_flags(module)
+    problems += [f"{module}: no flag --{flag}" for flag in sorted(unknown)]
     config = CONFIG_FILE.search(args)
     keys = CONFIG_KEY.findall(args)
     if not config or not keys:
@@ -64,19 +86,31 @@ def test_commands_name_real_modules_and_config_keys(doc):
           node = node[part]
       except (KeyError, TypeError, AttributeError):
         problems.append(f"{module} {config[1]}: no config key {key}")
+  return problems
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_commands_name_real_modules_flags_and_config_keys(doc):
+  problems = command_problems(doc.read_text())
   assert not problems, f"{doc.relative_to(REPO)}: " + "; ".join(sorted(set(problems)))
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
-  """A broken link and a made-up key are caught (the checks can fail)."""
+  """A broken link, a made-up key and a made-up flag are caught (the checks can
+  fail), and real ones pass."""
   doc = tmp_path / "x.md"
   doc.write_text("![a](missing.png) [b](https://x.org) [c](#here)\n"
                  "python -m maelm_jax.main --config=configs/pretrain.py \\\n"
-                 "    --config.model.no_such_key=1 --config.batch_size=2\n")
+                 "    --config.model.no_such_key=1 --config.batch_size=2 --workdir=/tmp/w\n"
+                 "python -m maelm_jax.blimp --workdir=/tmp/w --no_such_flag=1 --out=/tmp/b"
+                 "  # --also_not_checked\n")
   assert list(relative_links(doc)) == ["missing.png"]
-  (module, args), = commands(doc.read_text())
+  (module, args), _ = commands(doc.read_text())
   assert module == "maelm_jax.main" and CONFIG_KEY.findall(args) == [
       "model.no_such_key", "batch_size"]
+  assert sorted(command_problems(doc.read_text())) == [
+      "maelm_jax.blimp: no flag --no_such_flag",
+      "maelm_jax.main configs/pretrain.py: no config key model.no_such_key"]
 
 
 def test_the_configuration_reference_is_the_configs_own():
