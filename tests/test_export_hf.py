@@ -2,6 +2,7 @@
 on PyTorch, its hidden states and MLM logits matched against maelm-jax, its
 tokenizer against the project's ids; and the mistakes a hurried user makes."""
 
+import functools
 import json
 import os
 import subprocess
@@ -95,7 +96,10 @@ def check_export(out, workdir, model_class, remote):
                  attention_mask=torch.tensor(ref["attention_mask"])).logits.numpy()
   np.testing.assert_allclose(logits[valid], jax_logits[valid], atol=1e-4, rtol=0)
 
-  hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+  # The project's ids: a special token typed in the text is text (as maelm-jax
+  # reads it); transformers' default reads it as the token (the last check).
+  hf_tok = functools.partial(transformers.AutoTokenizer.from_pretrained(out),
+                             split_special_tokens=True)
   ours = tokenizer_lib.Tokenizer(os.path.join(workdir, "tokenizer.model"))
   for text in TRICKY_TEXTS:
     assert hf_tok(text)["input_ids"] == [2] + ours.encode_one(text) + [3], text
@@ -111,10 +115,11 @@ def check_export(out, workdir, model_class, remote):
   a, b = TRICKY_TEXTS[0], TRICKY_TEXTS[5]
   assert hf_tok(a, b)["input_ids"] == [2, *ours.encode_one(a), 3, *ours.encode_one(b), 3]
   assert hf_tok(TRICKY_TEXTS[5])["input_ids"].count(4) == 0  # "[MASK]" is text
+  assert hf_tok.func(TRICKY_TEXTS[5])["input_ids"].count(4) == 1  # unless asked
   # word_ids() name words (a new one at each "▁" piece), as word-level tools
   # (minicons' PLL-word-l2r, NER label alignment) need; it was one for the text.
   encoded = hf_tok("Ella's cousins weren't respected.")
-  pieces = hf_tok.convert_ids_to_tokens(encoded["input_ids"])
+  pieces = hf_tok.func.convert_ids_to_tokens(encoded["input_ids"])
   starts = [i for i, p in enumerate(pieces[1:-1], 1) if p.startswith("\u2581")]
   words = encoded.word_ids()
   assert words[0] is None and words[-1] is None and len(set(words[1:-1])) == 4
@@ -171,6 +176,46 @@ def test_custom_export_matches_jax_and_tokenizes_like_the_project(mlm_export):
       np.load(out / "reference_outputs.npz")["last_hidden_state"])
 
 
+FILL_MASK_TEXT = "The function returns a [MASK] of the values."
+
+
+def fill_mask_expected(workdir, out, top_k=5) -> dict:
+  """What transformers' fill-mask pipeline must answer for FILL_MASK_TEXT: the
+  JAX model's logits at the [MASK] slot of the export tokenizer's ids."""
+  ids = transformers.AutoTokenizer.from_pretrained(out)(FILL_MASK_TEXT)["input_ids"]
+  assert ids.count(4) == 1, ids  # "[MASK]" typed is the mask token.
+  _, logits = jax_outputs(workdir, np.asarray([ids]))
+  slot = logits[0, ids.index(4)].astype(np.float64)
+  probs = np.exp(slot - slot.max())
+  return {"text": FILL_MASK_TEXT, "top_k": top_k,
+          "top_probs": np.sort(probs / probs.sum())[::-1][:top_k].tolist(),
+          "probs": (probs / probs.sum()).tolist()}
+
+
+def assert_fill_mask_is_the_jax_model(answers, expected):
+  """The pipeline's top predictions are the JAX model's: each answer's token has
+  the JAX probability the pipeline gives it, and those are the k largest (ties
+  within 1e-4 may come in either order)."""
+  assert len(answers) == expected["top_k"]
+  for answer in answers:
+    assert abs(expected["probs"][answer["token"]] - answer["score"]) < 1e-4, answer
+  np.testing.assert_allclose([a["score"] for a in answers], expected["top_probs"],
+                             atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["mlm_export", "roberta_export"])
+def test_fill_mask_pipeline_answers_as_the_jax_model(kind, request):
+  """transformers' own fill-mask pipeline on an export: it finds the [MASK] typed
+  in the sentence (split_special_tokens=True in the tokenizer's config hid it)
+  and ranks the JAX model's top predictions."""
+  workdir, out = request.getfixturevalue(kind)
+  expected = fill_mask_expected(workdir, out)
+  fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out),
+                               trust_remote_code=kind == "mlm_export",
+                               top_k=expected["top_k"])
+  assert_fill_mask_is_the_jax_model(fill(FILL_MASK_TEXT), expected)
+
+
 def test_post_ln_absolute_positions_export_as_plain_roberta(roberta_export):
   """No remote code: transformers' own RobertaModel."""
   workdir, out = roberta_export
@@ -224,7 +269,8 @@ def test_exports_load_in_transformers5(kind, request, tmp_path):
       "model_class": ("MaelmForMaskedLM" if kind == "mlm_export"
                       else "RobertaForMaskedLM"),
       "texts": TRICKY_TEXTS,
-      "ids": [[2, *ours.encode_one(t), 3] for t in TRICKY_TEXTS]}))
+      "ids": [[2, *ours.encode_one(t), 3] for t in TRICKY_TEXTS],
+      "fill_mask": fill_mask_expected(workdir, out)}))
   script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
   done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
                          str(tmp_path / "expected.json")],

@@ -49,8 +49,22 @@ def main(out, expected_npz, expected_json):
 
   tokenizer = transformers.AutoTokenizer.from_pretrained(out, **kwargs)
   for text, ids in zip(want["texts"], want["ids"]):
-    got = tokenizer(text)["input_ids"]
+    # The project's ids: "[MASK]" typed in a text is text.
+    got = tokenizer(text, split_special_tokens=True)["input_ids"]
     assert got == ids, f"{text!r}: {got} != {ids}"
+
+  # transformers' fill-mask pipeline ranks the JAX model's top predictions.
+  expected = want["fill_mask"]
+  fill = transformers.pipeline("fill-mask", model=out, tokenizer=out,
+                               top_k=expected["top_k"], **kwargs)
+  answers = fill(expected["text"])
+  assert len(answers) == expected["top_k"], answers
+  for answer in answers:
+    err = abs(expected["probs"][answer["token"]] - answer["score"])
+    assert err < 1e-4, f"fill-mask {answer}: the JAX model gives it {err} apart"
+  scores = [a["score"] for a in answers]
+  assert max(abs(a - b) for a, b in zip(scores, expected["top_probs"])) < 1e-4, (
+      f"fill-mask's top scores {scores} are not the JAX model's {expected['top_probs']}")
   print(json.dumps({"transformers": transformers.__version__,
                     "torch": torch.__version__, "model": type(model).__name__,
                     "hidden_err": hidden_err, "logits_err": logits_err}))

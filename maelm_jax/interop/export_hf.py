@@ -346,8 +346,10 @@ def write_tokenizer(tokenizer_path: str, out: str, max_length: int) -> None:
   with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
     json.dump(dict(names, tokenizer_class="PreTrainedTokenizerFast",
                    model_max_length=max_length, padding_side="right",
-                   # "[MASK]" typed in a text is text, as in maelm-jax.
-                   split_special_tokens=True,
+                   # "[MASK]" typed in a text is the mask token, as transformers'
+                   # pipelines (fill-mask) expect; maelm-jax reads it as text:
+                   # pass split_special_tokens=True for the project's ids.
+                   split_special_tokens=False,
                    model_input_names=["input_ids", "attention_mask"],
                    clean_up_tokenization_spaces=False), f, indent=2)
 
