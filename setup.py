@@ -22,24 +22,32 @@ setup(
         "sentencepiece>=0.2.0",
         "ml-collections>=1.0.0",
         "absl-py>=2.1.0",
-        "numpy>=1.26",
+        "numpy>=2.0",  # jax 0.10 needs numpy 2.
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        # Prepared corpora (ArrayRecord shards) and parquet / Arrow inputs.
+        "array-record>=0.8.1; platform_system == 'Linux'",
+        "pyarrow>=15",
+        # A Hugging Face tokenizer.json, for pretraining, fine-tuning and export.
+        "tokenizers>=0.20",
     ],
     extras_require={
         # python -m maelm_jax.plan: libtpu compiles the run's step for TPU chips on
         # any Linux x86-64 host (the only platform it is built for), pinned by
         # jax's own `tpu` extra to the libtpu of the installed jax.
         "tpu": [TPU],
-        # python -m maelm_jax.export_hf (writes safetensors and a fast tokenizer).
-        "export": ["safetensors>=0.4", "tokenizers>=0.20"],
-        # The tests load exports with transformers on PyTorch; torch is pinned to
-        # the CPU wheel (an open range pulls a multi-GB CUDA build).
+        # python -m maelm_jax.export_hf and import_hf (safetensors files). The
+        # parity checks (import_hf --check, import_fairseq) also need torch and
+        # transformers, which a user installs for their platform.
+        "export": ["safetensors>=0.4"],
+        # The tests load exports with transformers on PyTorch. torch==2.13.0 is the
+        # CPU wheel only where pip finds that wheel (the CI machine has it locally;
+        # elsewhere add --index-url https://download.pytorch.org/whl/cpu, or pip
+        # may pull a multi-GB CUDA build).
         # nbclient/ipykernel run notebooks/quickstart.ipynb in a real kernel.
         # import-linter checks the package's layers (.importlinter).
         "test": [TPU, "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5",
-                 "safetensors>=0.4",
-                 "tokenizers>=0.20", "torch==2.13.0", "transformers==4.57.6",
+                 "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
     },
 )
