@@ -10,6 +10,21 @@ setup(
     description="TPU-first JAX/Flax pretraining of masked-language-model encoders (MAE-LM, 3ML, MLM).",
     packages=find_packages(include=["maelm_jax", "maelm_jax.*"]),
     python_requires=">=3.10",
+    # The commands, from any directory (configs/ ships inside the package).
+    entry_points={"console_scripts": [
+        "maelm-pretrain = maelm_jax.main:console",
+        "maelm-finetune = maelm_jax.main:console",
+        "maelm-prepare = maelm_jax.data.prepare_data:console",
+        "maelm-blimp = maelm_jax.evaluate.blimp:console",
+        "maelm-analyze = maelm_jax.evaluate.analyze:console",
+        "maelm-export = maelm_jax.interop.export_hf:console",
+        "maelm-import = maelm_jax.interop.import_hf:console",
+        "maelm-import-fairseq = maelm_jax.interop.import_fairseq:console",
+        "maelm-plan = maelm_jax.plan:console",
+        "maelm-compare = maelm_jax.compare:console",
+        "maelm-sweep = maelm_jax.sweep:console",
+        "maelm-finetune-sweep = maelm_jax.finetune.sweep:console",
+    ]},
     # Lower bounds are the versions measured to work on Python 3.11 / CPU; newer
     # releases (the GPU image runs jax 0.11) are allowed.
     install_requires=[

@@ -517,6 +517,11 @@ def main() -> None:
   print(format_markdown(summary, FLAGS.tasks))
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-compare command (setup.py's console scripts)."""
   cli.run(main, _define_flags, stopped="the running run saved; the same command "
           "resumes")
+
+
+if __name__ == "__main__":
+  console()

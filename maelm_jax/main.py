@@ -117,5 +117,10 @@ def main() -> None:
       sys.exit(130)
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-pretrain and maelm-finetune command (setup.py's console scripts)."""
   cli.run(main, define_flags)
+
+
+if __name__ == "__main__":
+  console()

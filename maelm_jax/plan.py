@@ -696,5 +696,10 @@ def main() -> int:
   return status
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-plan command (setup.py's console scripts)."""
   cli.run(main, define_flags)
+
+
+if __name__ == "__main__":
+  console()

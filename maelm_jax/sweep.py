@@ -183,6 +183,11 @@ def main() -> None:
   run_sweep(config_file, FLAGS.sweep_dir, overrides)
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-sweep command (setup.py's console scripts)."""
   cli.run(main, _define_flags, stopped="the running run saved; the same command "
           "resumes the sweep")
+
+
+if __name__ == "__main__":
+  console()

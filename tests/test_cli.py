@@ -3,7 +3,10 @@ importing a command defines no flags, so commands share a process; a stray
 argument, a misspelt `--config.x`, the project's own error and a Ctrl-C each end
 in one line with their exit status."""
 
+import importlib
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,10 +15,11 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ("maelm_jax.main", "maelm_jax.plan", "maelm_jax.compare", "maelm_jax.sweep",
-            "maelm_jax.blimp", "maelm_jax.analyze", "maelm_jax.export_hf",
-            "maelm_jax.import_hf", "maelm_jax.import_fairseq", "maelm_jax.prepare_data",
-            "maelm_jax.finetune.sweep", "maelm_jax.chaos", "maelm_jax.profiling",
-            "maelm_jax.tools.config_reference")
+            "maelm_jax.evaluate.blimp", "maelm_jax.evaluate.analyze",
+            "maelm_jax.interop.export_hf", "maelm_jax.interop.import_hf",
+            "maelm_jax.interop.import_fairseq", "maelm_jax.data.prepare_data",
+            "maelm_jax.finetune.sweep", "maelm_jax.tools.chaos",
+            "maelm_jax.tools.profiling", "maelm_jax.tools.config_reference")
 
 
 def python(*args, **kwargs):
@@ -81,3 +85,53 @@ def test_a_command_ends_with_its_status_and_one_line(tmp_path, args, status, std
     assert done.stdout.strip() == "ran" and not done.stderr
   if "--verbose" not in args and status == 1 and "user_error" in str(args):
     assert done.stderr.count("\n") <= 2  # The line and how to see the traceback.
+
+
+# ------------------------------------------------------- Console scripts --
+SCRIPTS = re.findall(r'"(maelm-[\w-]+) = ([\w.]+):(\w+)"',
+                     pathlib.Path(REPO, "setup.py").read_text())
+
+
+def test_every_console_script_names_a_command():
+  names = {name for name, _, _ in SCRIPTS}
+  assert {"maelm-pretrain", "maelm-finetune", "maelm-blimp", "maelm-export",
+          "maelm-import", "maelm-prepare", "maelm-plan"} <= names
+  for name, module, function in SCRIPTS:
+    assert module in COMMANDS, f"{name}: {module} is not a command"
+    assert callable(getattr(importlib.import_module(module), function)), name
+
+
+def test_configs_resolve_to_the_packaged_ones_from_any_directory(tmp_path, monkeypatch):
+  from maelm_jax.core import cli  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  packaged = cli.PACKAGED_CONFIGS
+  assert cli.with_packaged_configs(
+      ["x", "--config=configs/pretrain.py:objective=mlm", "--config.seed=1"]) == [
+          "x", f"--config={packaged / 'pretrain.py'}:objective=mlm", "--config.seed=1"]
+  assert cli.with_packaged_configs(["x", "--config", "configs/glue.py"]) == [
+      "x", "--config", str(packaged / "glue.py")]
+  # A file of that name here wins; other paths and names stay as they are.
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "configs" / "glue.py").write_text("")
+  for argv in (["x", "--config=configs/glue.py:task=rte"],
+               ["x", "--config=configs/mine.py"], ["x", "--config=/a/pretrain.py"]):
+    assert cli.with_packaged_configs(argv) == argv
+
+
+def test_a_console_script_runs_from_another_directory(tmp_path):
+  """After `pip install`, maelm-pretrain works outside the repository: its
+  --help, and a dry run of the packaged config."""
+  script = pathlib.Path(sys.executable).parent / "maelm-pretrain"
+  assert script.exists(), (f"{script} is missing: install the package (make "
+                           "install, or pip install -e .) to create the console scripts")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  done = subprocess.run([str(script), "--help"], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert "--workdir: Where checkpoints" in done.stdout, done.stderr[-2000:]
+  done = subprocess.run(
+      [str(script), "--config=configs/pretrain.py:objective=mlm,size=tiny",
+       f"--workdir={tmp_path / 'run'}", "--config.dry_run=True"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "dry run: nothing trained" in done.stdout and "mlm/tiny" in done.stdout
+  assert not (tmp_path / "run").exists()

@@ -44,11 +44,20 @@ def test_relative_links_and_images_resolve(doc):
   assert not missing, f"{doc.relative_to(REPO)} links to missing files: {missing}"
 
 
+# The console scripts (setup.py): maelm-pretrain is maelm_jax.main, ...
+SCRIPTS = dict(re.findall(r'"(maelm-[\w-]+) = ([\w.]+):\w+"',
+                          (REPO / "setup.py").read_text()))
+SCRIPT_COMMAND = re.compile(r"(?<![\w/.-])(maelm-[\w-]+)((?: |\\\n)(?:\\\n|[^\n`])*)")
+
+
 def commands(text: str):
-  """(module, argument text) of each `python -m maelm_jax...` command, backslash
-  continuations joined."""
+  """(module, argument text) of each `python -m maelm_jax...` command and each
+  console script, backslash continuations joined."""
   for module, args in COMMAND.findall(text):
     yield module.rstrip("."), args.replace("\\\n", " ")
+  for script, args in SCRIPT_COMMAND.findall(text):
+    if script in SCRIPTS:
+      yield SCRIPTS[script], args.replace("\\\n", " ")
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,13 +112,15 @@ def test_the_checks_find_what_they_look_for(tmp_path):
                  "python -m maelm_jax.main --config=configs/pretrain.py \\\n"
                  "    --config.model.no_such_key=1 --config.batch_size=2 --workdir=/tmp/w\n"
                  "python -m maelm_jax.blimp --workdir=/tmp/w --no_such_flag=1 --out=/tmp/b"
-                 "  # --also_not_checked\n")
+                 "  # --also_not_checked\n"
+                 "`maelm-export --workdir=/tmp/w --out=/tmp/e --step=3 --bogus` in maelm-jax\n")
   assert list(relative_links(doc)) == ["missing.png"]
-  (module, args), _ = commands(doc.read_text())
+  (module, args), _, _ = commands(doc.read_text())
   assert module == "maelm_jax.main" and CONFIG_KEY.findall(args) == [
       "model.no_such_key", "batch_size"]
   assert sorted(command_problems(doc.read_text())) == [
       "maelm_jax.blimp: no flag --no_such_flag",
+      "maelm_jax.interop.export_hf: no flag --bogus",
       "maelm_jax.main configs/pretrain.py: no config key model.no_such_key"]
 
 

@@ -22,10 +22,15 @@
 - Ctrl-C ends with one line saying what was kept (`stopped=`), exit 130, so a
   `&&` chain stops.
 - `quiet=True`: absl's INFO lines (orbax logs every file it reads) are left out.
+- `--config=configs/X.py` names the packaged config when there is no such file
+  here: the console scripts (`maelm-pretrain`, ...) run from any directory.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
+import re
 import sys
 from typing import Callable
 
@@ -38,6 +43,29 @@ def command_line(module: str) -> str:
   """This process's command, as a record of what made a result
   (`python -m maelm_jax.blimp --workdir=...`)."""
   return " ".join([f"python -m {module}"] + sys.argv[1:])
+
+
+PACKAGED_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+_CONFIG_ARG = re.compile(r"^(configs/\w+\.py)(:.*)?$")
+
+
+def with_packaged_configs(argv: list[str]) -> list[str]:
+  """`argv` with `--config=configs/X.py[:arg]` pointing at the packaged file
+  where ./configs/X.py does not exist (a console script run elsewhere)."""
+  out = list(argv)
+  for i, arg in enumerate(out):
+    flag, eq, value = arg.partition("=")
+    if flag != "--config":
+      continue
+    if not eq:  # `--config configs/X.py`: the value is the next argument.
+      i, value = i + 1, out[i + 1] if i + 1 < len(out) else ""
+    match = _CONFIG_ARG.match(value)
+    if not match or os.path.exists(match[1]):
+      continue
+    packaged = PACKAGED_CONFIGS / match[1][len("configs/"):]
+    if packaged.exists():
+      out[i] = (f"--config={packaged}" if eq else str(packaged)) + (match[2] or "")
+  return out
 
 
 def _define_verbose() -> None:
@@ -54,6 +82,11 @@ def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
   if define_flags is not None:
     define_flags()
   _define_verbose()
+  # --help lists the main module's flags; a console script's main module is the
+  # script, not the command's module, which defined them.
+  for module in (main.__module__, __name__):
+    for flag in flags.FLAGS.flags_by_module_dict().get(module, []):
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
   def entry(argv):
     if len(argv) > 1 and not positional:
@@ -72,4 +105,4 @@ def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
       sys.exit(130)
     sys.exit(status or 0)
 
-  app.run(entry, flags_parser=errors.parse_flags)
+  app.run(entry, argv=with_packaged_configs(sys.argv), flags_parser=errors.parse_flags)

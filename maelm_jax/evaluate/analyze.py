@@ -335,5 +335,10 @@ def main():
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {PLOT_FILE}")
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-analyze command (setup.py's console scripts)."""
   cli.run(main, _define_flags, quiet=True)  # Orbax logs every file it reads.
+
+
+if __name__ == "__main__":
+  console()

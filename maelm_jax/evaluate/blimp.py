@@ -547,5 +547,10 @@ def main():
         f"{PLOT_FILE}")
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-blimp command (setup.py's console scripts)."""
   cli.run(main, _define_flags, quiet=True)  # Orbax logs every file it reads.
+
+
+if __name__ == "__main__":
+  console()

@@ -544,5 +544,10 @@ def main():
         f"  AutoModel.from_pretrained({out!r}{remote})")
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-export command (setup.py's console scripts)."""
   cli.run(main, _define_flags)
+
+
+if __name__ == "__main__":
+  console()

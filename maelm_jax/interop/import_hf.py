@@ -200,7 +200,7 @@ def lm_head_tree(t: Tensors, hf: dict, old_id: np.ndarray, tied: bool) -> dict |
 # --------------------------------------------------------------------------
 
 
-PRETRAIN_CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs"
+PRETRAIN_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / "configs"
                       / "pretrain.py")
 BASE_CONFIG_ARG = "objective=mlm,size=base,recipe=paper"
 # The config keys that carry the checkpoint's shape: continued pretraining
@@ -429,5 +429,10 @@ def main():
                f"(tolerance {PARITY_TOLERANCE}); please report it with the line above")
 
 
-if __name__ == "__main__":
+def console() -> None:
+  """`python -m` and the maelm-import command (setup.py's console scripts)."""
   cli.run(main, _define_flags)
+
+
+if __name__ == "__main__":
+  console()

@@ -23,7 +23,7 @@ from maelm_jax.core import cli
 from maelm_jax.finetune import common_config
 from maelm_jax.run import config_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = pathlib.Path(__file__).resolve().parents[1]  # configs/ ships inside it
 CONFIGS = (("Pretraining", "configs/pretrain.py", None),
            ("Fine-tuning (GLUE; SQuAD shares the optimizer and run keys)",
             "configs/glue.py", "task=rte"))
@@ -78,9 +78,9 @@ def reference() -> str:
          "`resolve`).", ""]
   shared = _comments(inspect.getsource(common_config))
   for title, path, arg in CONFIGS:
-    source = (REPO / path).read_text()
+    source = (PACKAGE / path).read_text()
     comments = {**shared, **_comments(source)}
-    config = config_lib.load_config_module(str(REPO / path)).get_config(arg)
+    config = config_lib.load_config_module(str(PACKAGE / path)).get_config(arg)
     out += [f"## {title}: `{path}`", "", "| key | default | what it does |",
             "|---|---|---|"]
     for key, value in _flat(config):
