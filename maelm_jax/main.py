@@ -4,7 +4,6 @@
       --workdir=/tmp/maelm [--config.data.source=text:/data/*.txt] [--config.x=...]
 """
 
-import logging as pylogging
 import os
 import sys
 
@@ -21,30 +20,6 @@ def define_flags() -> None:
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer go.")
   flags.mark_flags_as_required(["config", "workdir"])
-
-
-def _says_disk_full(record) -> bool:
-  texts = [record.getMessage()]
-  error = record.exc_info[1] if record.exc_info else None
-  while error is not None and len(texts) < 20:
-    texts.append(str(error))
-    error = error.__cause__ or error.__context__
-  return any("No space left on device" in t for t in texts)
-
-
-class _QuietLibraries(pylogging.Filter):
-  """Orbax and grain log every file they touch at INFO; keep their warnings,
-  except the tracebacks of a full disk, which the run says in one line
-  (checkpoints.DiskFull): orbax's own, and asyncio's "Task exception was never
-  retrieved" for orbax's other write coroutines that failed the same way (when
-  the event loop's garbage collector gets to them first: timing-dependent)."""
-
-  def filter(self, record):
-    noisy = any(name in record.pathname for name in ("/orbax/", "/grain/"))
-    if (("/orbax/" in record.pathname or "/asyncio/" in record.pathname)
-        and _says_disk_full(record)):
-      return False
-    return record.levelno >= pylogging.WARNING or not noisy
 
 
 def summary(workdir: str, last: dict) -> str:
@@ -78,7 +53,6 @@ def summary(workdir: str, last: dict) -> str:
 
 
 def main() -> None:
-  logging.get_absl_handler().addFilter(_QuietLibraries())
   import jax  # Imported late so that --xla flags and env set by launchers apply.
   from maelm_jax.run import distributed
   try:

@@ -247,6 +247,11 @@ def test_cli_scores_every_workdir_and_the_bigram_baseline(tmp_path, workdirs):
   table = (out / "blimp.md").read_text()
   assert "| island | 1 |" in table and "| agreement | 2 |" in table
   assert (out / "blimp.png").stat().st_size > 10_000
+  # Progress: each workdir's scoring ends in a line with its pairs and rate
+  # (and, on the way, ETA lines: tests/test_progress.py).
+  for name in ("tiny_mlm", "tiny_maelm"):
+    assert f"blimp {name}: 30/30 pairs (100%)" in result.stderr, result.stderr[-3000:]
+  assert "pairs/s" in result.stderr
 
 
 def test_cli_bad_input_is_one_line_before_any_work(tmp_path, workdirs):

@@ -421,14 +421,14 @@ def test_full_disk_tracebacks_of_orbax_and_asyncio_are_left_to_the_one_line():
   was never retrieved', one of orbax's write coroutines, logged when the loop
   collected it): such records are dropped; other errors of either are kept."""
   import logging as pylogging  # pylint: disable=import-outside-toplevel
-  from maelm_jax import main  # pylint: disable=import-outside-toplevel
+  from maelm_jax.core import cli  # pylint: disable=import-outside-toplevel
 
   def record(path, message):
     return pylogging.LogRecord("absl", pylogging.ERROR, path, 1, message, None, None)
 
   full = ("Task exception was never retrieved\nfuture: <Task exception=ValueError("
           "'RESOURCE_EXHAUSTED: ... No space left on device [os_error_code=28]')>")
-  quiet = main._QuietLibraries()  # pylint: disable=protected-access
+  quiet = cli.QuietLibraries()
   assert not quiet.filter(record("/x/lib/python3.11/asyncio/base_events.py", full))
   assert not quiet.filter(record("/x/orbax/checkpoint/_src/a.py", full))
   assert quiet.filter(record("/x/lib/python3.11/asyncio/base_events.py",

@@ -21,13 +21,16 @@
   library keep theirs (`errors.one_line_errors`).
 - Ctrl-C ends with one line saying what was kept (`stopped=`), exit 130, so a
   `&&` chain stops.
-- `quiet=True`: absl's INFO lines (orbax logs every file it reads) are left out.
+- Libraries' INFO lines are left out (orbax and grain log every file they
+  touch), and so are the tracebacks of a full disk, which the run says in one
+  line; their warnings stay.
 - `--config=configs/X.py` names the packaged config when there is no such file
   here: the console scripts (`maelm-pretrain`, ...) run from any directory.
 """
 
 from __future__ import annotations
 
+import logging as pylogging
 import os
 import pathlib
 import re
@@ -68,6 +71,31 @@ def with_packaged_configs(argv: list[str]) -> list[str]:
   return out
 
 
+def _says_disk_full(record) -> bool:
+  texts = [record.getMessage()]
+  error = record.exc_info[1] if record.exc_info else None
+  while error is not None and len(texts) < 20:
+    texts.append(str(error))
+    error = error.__cause__ or error.__context__
+  return any("No space left on device" in t for t in texts)
+
+
+class QuietLibraries(pylogging.Filter):
+  """Orbax, grain and tfds log every file they touch at INFO; keep their warnings,
+  except the tracebacks of a full disk, which the run says in one line
+  (checkpoints.DiskFull): orbax's own, and asyncio's "Task exception was never
+  retrieved" for orbax's other write coroutines that failed the same way (when
+  the event loop's garbage collector gets to them first: timing-dependent)."""
+
+  def filter(self, record):
+    noisy = any(name in record.pathname
+                for name in ("/orbax/", "/grain/", "/tensorflow_datasets/"))
+    if (("/orbax/" in record.pathname or "/asyncio/" in record.pathname)
+        and _says_disk_full(record)):
+      return False
+    return record.levelno >= pylogging.WARNING or not noisy
+
+
 def _define_verbose() -> None:
   if "verbose" not in flags.FLAGS:
     flags.DEFINE_bool("verbose", False, "Print the full traceback of an error that "
@@ -75,7 +103,7 @@ def _define_verbose() -> None:
 
 
 def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
-        positional: str = "", stopped: str = "", quiet: bool = False) -> None:
+        positional: str = "", stopped: str = "") -> None:
   """Defines the command's flags and `--verbose`, parses the command line and
   runs `main()` (`main(args)` with `positional`, its name in the usage error),
   exiting with what it returns."""
@@ -93,8 +121,7 @@ def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if positional and len(argv) < 2:
       raise app.UsageError(f"expected {positional}")
-    if quiet:
-      logging.set_verbosity(logging.WARNING)
+    logging.get_absl_handler().addFilter(QuietLibraries())
     args = (argv[1:],) if positional else ()
     try:
       status = errors.one_line_errors(main, *args, verbose=flags.FLAGS.verbose)

@@ -51,6 +51,7 @@ from absl import logging
 import grain
 import numpy as np
 
+from maelm_jax.core import progress as progress_lib
 from maelm_jax.data import text as text_lib
 from maelm_jax.data.text import NOT_TEXT_FRACTION, text_lines  # noqa: F401  (also sources.X)
 
@@ -396,14 +397,20 @@ def _read_text_corpus(files: tuple[tuple[str, int, int], ...],
   Cached because a run opens the same corpus twice (train and eval); the
   modification times in the key make an edited file read afresh.
   """
+  on_disk = progress_lib.Progress(f"text: reading {len(files)} files", unit="MB",
+                                  total=sum(size for _, _, size in files) / 1e6)
+
   def documents():
-    for path, _, _ in files:
+    for path, _, size in files:
       if path.endswith(_JSONL_SUFFIXES):
         yield from _jsonl_documents(path, text_field, on_bad_text)
       else:
         yield from _plain_text_documents(path, on_bad_text)
+      on_disk.update(on_disk.done + size / 1e6)  # Compressed MB, as on disk.
 
-  return _PackedTexts(documents())
+  packed = _PackedTexts(documents())
+  on_disk.finish()
+  return packed
 
 
 def _text_documents(patterns: str, text_field: str,

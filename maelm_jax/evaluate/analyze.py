@@ -337,7 +337,7 @@ def main():
 
 def console() -> None:
   """`python -m` and the maelm-analyze command (setup.py's console scripts)."""
-  cli.run(main, _define_flags, quiet=True)  # Orbax logs every file it reads.
+  cli.run(main, _define_flags)
 
 
 if __name__ == "__main__":

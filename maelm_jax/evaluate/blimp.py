@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.core import cli, sharding
+from maelm_jax.core import cli, progress as progress_lib, sharding
 from maelm_jax.modeling import masking, model as model_lib
 from maelm_jax.data import sources
 from maelm_jax.data import tokenizer as tokenizer_lib
@@ -236,7 +236,8 @@ def _log_prob_fn(model_cfg: model_lib.ModelConfig):
 
 def pseudo_log_likelihoods(model_cfg: model_lib.ModelConfig, params, rows,
                            starts, *, variant: str = DEFAULT_VARIANT,
-                           batch_size: int = 512, mesh=None) -> np.ndarray:
+                           batch_size: int = 512, mesh=None,
+                           progress: str = "") -> np.ndarray:
   """PLL (natural log) of each `[CLS] .. [SEP]` row; see the module docstring.
 
   Args:
@@ -248,6 +249,8 @@ def pseudo_log_likelihoods(model_cfg: model_lib.ModelConfig, params, rows,
     batch_size: masked copies per call (rounded up to the devices' multiple).
     mesh: copies are sharded over its ('data', 'fsdp') axes (default: every
       device on the data axis); params are replicated.
+    progress: a name for progress lines (pairs done, pairs/s, ETA, counted by
+      the masked copies scored); "" for none.
   """
   max_len = max(len(r) for r in rows)
   if bucket_length(max_len) > model_cfg.max_positions:
@@ -261,8 +264,11 @@ def pseudo_log_likelihoods(model_cfg: model_lib.ModelConfig, params, rows,
   copies_sharding = sharding.batch_sharding(mesh)
   log_prob = _log_prob_fn(model_cfg)
   totals = np.zeros(len(rows), np.float64)
-  for _, group in sorted(build_copies(rows, starts, variant,
-                                            model_cfg.drop_masked).items()):
+  groups = build_copies(rows, starts, variant, model_cfg.drop_masked)
+  copies, scored = sum(len(g.ids) for g in groups.values()), 0
+  pairs = progress_lib.Progress(progress, total=len(rows) // 2, unit="pairs",
+                                log=logging.info if progress else lambda _: None)
+  for _, group in sorted(groups.items()):
     ids, masked = np.stack(group.ids), np.asarray(group.masked, np.int32)
     sentence = np.asarray(group.sentence)
     # Small groups get a batch just big enough (one compilation per size).
@@ -278,18 +284,21 @@ def pseudo_log_likelihoods(model_cfg: model_lib.ModelConfig, params, rows,
       masks = masking.Masks(**jax.device_put(fields, copies_sharding))
       values = np.asarray(jax.device_get(log_prob(params, masks)))[:real]
       np.add.at(totals, sentence[chunk], values.astype(np.float64))
+      scored += real
+      pairs.update(pairs.total * scored / copies)
+  pairs.finish()
   return totals
 
 
 def score_pairs(model_cfg, params, tokenizer, pairs: Sequence[Pair], *,
                 variant: str = DEFAULT_VARIANT, batch_size: int = 512,
-                mesh=None) -> tuple[np.ndarray, np.ndarray]:
+                mesh=None, progress: str = "") -> tuple[np.ndarray, np.ndarray]:
   """(PLL of each good sentence, PLL of each bad one)."""
   sentences = [p.good for p in pairs] + [p.bad for p in pairs]
   rows = sentence_ids(tokenizer, sentences)
   starts = [word_starts(tokenizer, r) for r in rows]
   pll = pseudo_log_likelihoods(model_cfg, params, rows, starts, variant=variant,
-                               batch_size=batch_size, mesh=mesh)
+                               batch_size=batch_size, mesh=mesh, progress=progress)
   return pll[:len(pairs)], pll[len(pairs):]
 
 
@@ -473,7 +482,8 @@ def evaluate(workdirs: Sequence[str], data: str, out: str, *,
   for workdir, run in zip(workdirs, runs):
     start = time.monotonic()
     good, bad = score_pairs(run.model_cfg, run.params, run.tokenizer, pairs,
-                            variant=variant, batch_size=batch_size)
+                            variant=variant, batch_size=batch_size,
+                            progress=f"blimp {os.path.basename(os.path.normpath(workdir))}")
     seconds = time.monotonic() - start
     label = _label(workdir, labels)
     labels.add(label)
@@ -482,7 +492,7 @@ def evaluate(workdirs: Sequence[str], data: str, out: str, *,
         "objective": run.config.model.objective,
         "decoder": run.config.model.get("decoder_type"), "step": run.step,
         "seconds": seconds, "pairs_per_s": len(pairs) / seconds}
-    logging.warning("blimp: %s (step %d) mean %.1f over %d pairs, %.0f pairs/s",
+    logging.info("blimp: %s (step %d) mean %.1f over %d pairs, %.0f pairs/s",
                     label, run.step, results["models"][label]["mean"], len(pairs),
                     len(pairs) / seconds)
   if ngram_tokens:
@@ -549,7 +559,7 @@ def main():
 
 def console() -> None:
   """`python -m` and the maelm-blimp command (setup.py's console scripts)."""
-  cli.run(main, _define_flags, quiet=True)  # Orbax logs every file it reads.
+  cli.run(main, _define_flags)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from maelm_jax.core import config_defaults as defaults
-from maelm_jax.core import sharding, workdir as workdir_lib
+from maelm_jax.core import progress as progress_lib, sharding, workdir as workdir_lib
 from maelm_jax.modeling import attention
 from maelm_jax.run import checkpoints, config_lib, metric_writers, run_session, train_lib
 from maelm_jax.run import pretrained as pretrained_lib
@@ -383,10 +383,8 @@ def _run(config, workdir: str, problem, mesh) -> dict:
                        mesh)
 
   def save(step, epoch, batches_done):
-    manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        progress=ocp.args.JsonSave({"epoch": epoch, "batches_done": batches_done,
-                                    "history": history})), force=True)
+    checkpoints.save(manager, step, state, progress=ocp.args.JsonSave(
+        {"epoch": epoch, "batches_done": batches_done, "history": history}))
 
   try:
     history, evaluation = list(progress["history"]), None
@@ -406,6 +404,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
         if not compiled:  # Leave compilation out of the throughput.
           jax.block_until_ready(train_metrics)
           timer, timed_examples, compiled = time.perf_counter(), 0, True
+          eta_from = (timer, step)  # Wall time per step, evaluations included.
         else:
           timed_examples += config.batch_size
         if step % config.log_every == 0 or i == steps_per_epoch - 1:
@@ -421,7 +420,9 @@ def _run(config, workdir: str, problem, mesh) -> dict:
                     "lr": float(schedule(step - 1)),
                     "examples_per_sec": timed_examples / max(elapsed, 1e-9)}
           session.write(step, logged)
-          logging.info(metric_writers.format_console(step, total_steps, logged))
+          eta = progress_lib.eta(step - eta_from[1], total_steps - eta_from[1],
+                                 time.perf_counter() - eta_from[0])
+          logging.info(metric_writers.format_console(step, total_steps, logged, eta))
           timer, timed_examples = time.perf_counter(), 0
         stop = session.stop_requested(step)
         if stop and i < steps_per_epoch - 1:  # Mid-epoch: save where it is.

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from typing import Any
 
 from absl import logging
@@ -271,10 +272,21 @@ def make_manager(workdir: str, config,
   return Manager(checkpoint_dir(workdir), item_names=item_names, options=options)
 
 
-def save(manager: ocp.CheckpointManager, step: int, state, data_iterator) -> None:
-  manager.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
-      data=grain.checkpoint.CheckpointSave(data_iterator)), force=True)
+def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None,
+         **more) -> None:
+  """Hands `step` to orbax, which writes it in the background: the train state,
+  with the data iterator's position (pretraining) or other items (`more`, e.g.
+  a fine-tuning run's progress); says so in one line."""
+  items = {"state": ocp.args.StandardSave(state), **more}
+  if data_iterator is not None:
+    items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+  started = time.perf_counter()
+  manager.save(step, args=ocp.args.Composite(**items), force=True)
+  state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)
+                    if hasattr(x, "dtype"))
+  logging.info("checkpoint step %d: %.1f MB of state handed to orbax in %.1fs "
+               "(written in the background)", step, state_bytes / 1e6,
+               time.perf_counter() - started)
 
 
 def _quarantine(manager: ocp.CheckpointManager, step: int) -> str:

@@ -107,7 +107,8 @@ def truncate_jsonl(path: str, last_step: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-def format_console(step: int, total: int, m: dict[str, float]) -> str:
+def format_console(step: int, total: int, m: dict[str, float], eta: str = "") -> str:
+  """One log line of a step's metrics; `eta`: the time left, when known."""
   parts = [f"step {step}/{total}"]
   for key, fmt in (("train/loss", ".4f"), ("train/accuracy", ".3f"), ("lr", ".2e"),
                    ("tokens_per_sec", ",.0f"), ("mfu", ".2%"), ("eval/loss", ".4f"),
@@ -116,4 +117,6 @@ def format_console(step: int, total: int, m: dict[str, float]) -> str:
     if key in m:
       parts.append(f"{key.split('/')[-1] if key.startswith('train/') else key} "
                    f"{format(m[key], fmt)}")
+  if eta:
+    parts.append(f"ETA {eta}")
   return " | ".join(parts)

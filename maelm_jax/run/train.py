@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax.core import config_defaults as defaults
-from maelm_jax.core import sharding, workdir as workdir_lib
+from maelm_jax.core import progress as progress_lib, sharding, workdir as workdir_lib
 from maelm_jax.data import corpus_report, pipeline, sources
 from maelm_jax.modeling import flops, model as model_lib
 from maelm_jax.run import (baselines, checkpoints, config_lib, metric_writers, plots,
@@ -356,6 +356,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         logging.info("step %d done in %.1fs (compilation included); training",
                      step, time.perf_counter() - compile_start)
         timer_start, timed_steps = time.perf_counter(), 0
+        eta_from = (timer_start, step)  # Wall time per step, evaluations included.
       else:
         timed_steps += 1
 
@@ -389,7 +390,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
           last.update(eval_baselines)
         session.write(step, last)
         if is_main:
-          logging.info(metric_writers.format_console(step, config.total_steps, last))
+          eta = progress_lib.eta(step - eta_from[1], config.total_steps - eta_from[1],
+                                 time.perf_counter() - eta_from[0])
+          logging.info(metric_writers.format_console(step, config.total_steps, last, eta))
           if evaluated:
             logging.info("step %d: %s", step, baselines.plateau_status(last))
             _plot(workdir, config)

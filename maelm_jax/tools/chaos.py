@@ -635,4 +635,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, define_flags, quiet=True)  # Orbax logs every file it reads.
+  cli.run(main, define_flags)
