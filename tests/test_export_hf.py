@@ -314,3 +314,102 @@ def test_cli_says_a_missing_workdir_in_one_line(tmp_path):
   assert done.returncode == 1
   assert done.stderr.strip().splitlines()[0].startswith("error: ")
   assert "pretraining run" in done.stderr and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------- Fine-tuned classifiers --
+
+
+@pytest.fixture(scope="module")
+def finetuned_exports(tmp_path_factory, mlm_export, roberta_export):
+  """SST-2 fine-tunes of both pretraining runs, exported: the RoBERTa-shaped one
+  with the first token's head (transformers' own RobertaForSequenceClassification),
+  the project's default one mean-pooled (remote code)."""
+  from maelm_jax.finetune import run  # pylint: disable=g-import-not-at-top
+  from tests.test_finetune_e2e import glue_test_config, write_sst2  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("finetuned")
+  data = write_sst2(root / "SST-2")
+  exports = {}
+  for name, (pretraining, _), pooling, kind in (
+      ("maelm", mlm_export, "mean", "maelm"), ("roberta", roberta_export, "cls", "roberta")):
+    workdir = root / name
+    run.run(glue_test_config("sst2", pretraining, data, pooling=pooling), str(workdir))
+    assert export_hf.export(str(workdir), str(root / f"{name}_hf")) == kind
+    exports[name] = (workdir, root / f"{name}_hf", data)
+  return exports
+
+
+def jax_classifier(workdir, data):
+  """The fine-tuned JAX model's logits on the dev rows as fine-tuning encodes
+  them, and the rows; read with the run's own loaders, not the export's."""
+  from maelm_jax.finetune import glue_data, heads  # pylint: disable=g-import-not-at-top
+  config = json.loads((workdir / "config.json").read_text())
+  p = pretrained_lib.load_pretrained(config["init_from"], read_params=False)
+  params, _ = pretrained_lib.restore_params(str(workdir))
+  cfg = p.model_cfg.__class__(**{**p.model_cfg.__dict__, "dtype": jnp.float32})
+  task = glue_data.get_task("sst2")
+  examples = glue_data.read_tsv(task, str(data / "dev.tsv"))
+  rows = glue_data.encode_examples(examples, p.tokenizer, config["max_seq_len"])
+  logits = heads.SequenceClassifier(cfg, task.num_outputs, pooling=config["pooling"]
+                                    ).apply({"params": params}, jnp.asarray(rows))
+  return rows, np.asarray(logits), examples
+
+
+@pytest.mark.parametrize("name", ["maelm", "roberta"])
+def test_a_finetuned_classifier_exports_to_sequence_classification(finetuned_exports,
+                                                                   name):
+  """AutoModelForSequenceClassification of the export: the JAX logits on every
+  dev example (1e-4), the fine-tuning run's own predictions, the task's labels,
+  and transformers' text-classification pipeline; the card names the task,
+  its dev results and the license."""
+  workdir, out, data = finetuned_exports[name]
+  rows, jax_logits, examples = jax_classifier(workdir, data)
+  remote = name == "maelm"
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, trust_remote_code=remote).eval()
+  assert type(model).__name__ == ("MaelmForSequenceClassification" if remote
+                                  else "RobertaForSequenceClassification")
+  assert model.config.id2label == {0: "0", 1: "1"}
+  ids = torch.tensor(rows.astype(np.int64))
+  with torch.no_grad():
+    logits = model(input_ids=ids, attention_mask=(ids != 0).long()).logits.numpy()
+  np.testing.assert_allclose(logits, jax_logits, atol=1e-4, rtol=0)
+  predictions = [json.loads(line)["prediction"]
+                 for line in (workdir / "eval_predictions.jsonl").read_text().splitlines()]
+  assert logits.argmax(-1).tolist() == predictions
+  ref = np.load(out / "reference_outputs.npz")
+  with torch.no_grad():
+    ref_logits = model(input_ids=torch.tensor(ref["input_ids"]),
+                       attention_mask=torch.tensor(ref["attention_mask"])).logits.numpy()
+  np.testing.assert_allclose(ref_logits, ref["logits"], atol=1e-4, rtol=0)
+  classify = transformers.pipeline("text-classification", model=str(out),
+                                   tokenizer=str(out), trust_remote_code=remote)
+  sentence = examples[0].texts[0]
+  assert classify(sentence)[0]["label"] == str(int(jax_logits[0].argmax()))
+  card = (out / "README.md").read_text()
+  assert "license: apache-2.0" in card and "GLUE sst2" in card and "accuracy" in card
+
+
+def test_a_finetuned_classifier_export_loads_in_transformers5(finetuned_exports,
+                                                              tmp_path):
+  python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
+  if not os.path.exists(python):
+    if TRANSFORMERS5_PYTHON:
+      pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
+    pytest.skip(f"no transformers 5.x environment at {python}")
+  workdir, out, data = finetuned_exports["maelm"]
+  rows, jax_logits, examples = jax_classifier(workdir, data)
+  ref = np.load(out / "reference_outputs.npz")
+  np.savez(tmp_path / "expected.npz", **ref)
+  (tmp_path / "expected.json").write_text(json.dumps({
+      "remote": True, "head": "classifier",
+      "model_class": "MaelmForSequenceClassification",
+      "input_ids": rows.tolist(), "logits": jax_logits.tolist(),
+      "predictions": jax_logits.argmax(-1).tolist(),
+      "sentence": examples[0].texts[0], "label": str(int(jax_logits[0].argmax()))}))
+  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
+  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
+                         str(tmp_path / "expected.json")],
+                        capture_output=True, text=True, timeout=600,
+                        stdin=subprocess.DEVNULL)
+  assert done.returncode == 0, done.stderr[-4000:]
+  assert json.loads(done.stdout.strip().splitlines()[-1])["hidden_err"] < 1e-4

@@ -160,6 +160,7 @@ def test_glue_cli_learns_sst2_format_and_writes_every_output(tmp_path, pretraine
   assert all(np.isfinite(r["train/loss"]) for r in logged if "train/loss" in r)
   assert json.loads((workdir / "config.json").read_text())["task"] == "sst2"
   assert "Done: sst2" in out.stdout
+  assert checkpoints.latest_step(workdir) == 40  # Kept by default: exportable.
 
 
 def mnli_files(directory):
@@ -413,6 +414,30 @@ def test_report_takes_medians_over_seeds_and_the_best_learning_rate(tmp_path):
   assert last["tasks"]["rte"]["learning_rate"] == 1e-5
 
 
+def test_a_complete_sweep_keeps_the_checkpoints_of_its_selected_runs_only(tmp_path):
+  """Every seed of each task's best learning rate keeps its final checkpoint
+  (what export_hf exports); the other rates' are deleted, their results kept."""
+  checkpoint = lambda task, lr, seed: (tmp_path / task / sweep.run_name(lr, seed)
+                                       / "checkpoints" / "40")
+  for task, rates in (("rte", {1e-5: 0.6, 2e-5: 0.7}), ("sst2", {1e-5: 0.9, 2e-5: 0.8})):
+    for lr, accuracy in rates.items():
+      for seed in (1, 2):
+        fake_results(tmp_path, task, lr, seed, {"accuracy": accuracy + seed / 100})
+        checkpoint(task, lr, seed).mkdir(parents=True)
+        (checkpoint(task, lr, seed) / "params").write_bytes(b"0" * 1000)
+  report = sweep.build_report(str(tmp_path))
+  pruned = sweep.prune_unselected(str(tmp_path), report)
+  assert sorted(os.path.relpath(p, tmp_path) for p in pruned) == [
+      "rte/lr1e-05_seed1", "rte/lr1e-05_seed2", "sst2/lr2e-05_seed1",
+      "sst2/lr2e-05_seed2"]
+  for task, kept, gone in (("rte", 2e-5, 1e-5), ("sst2", 1e-5, 2e-5)):
+    for seed in (1, 2):
+      assert (checkpoint(task, kept, seed) / "params").exists()
+      assert not checkpoint(task, gone, seed).parent.exists()
+      assert (tmp_path / task / sweep.run_name(gone, seed) / "eval_results.json").exists()
+  assert sweep.prune_unselected(str(tmp_path), report) == []  # Nothing left to do.
+
+
 def test_grid_keeps_each_tasks_defaults_under_the_overrides():
   points = sweep.grid_configs(str(REPO / "configs" / "glue.py"), ["rte", "mnli"],
                               {"data.dir": "/data/glue", "num_epochs": 4},
@@ -593,8 +618,9 @@ def test_finetuning_stopped_by_ctrl_c_resumes_exactly(tmp_path, pretrained):
   for a, b in zip(resumed["history"], reference["history"]):
     assert a == pytest.approx(b, rel=1e-6)
   assert resumed["accuracy"] == reference["accuracy"]
-  # Done: the checkpoint that was only there to resume is gone.
-  assert not (workdir / "checkpoints").exists()
+  # Done: the final checkpoint stays (keep_final_checkpoint, the default), the
+  # parameters export_hf exports.
+  assert checkpoints.latest_step(workdir) == 40
 
 
 def test_pooling_reads_the_first_token_or_the_mean_of_real_tokens():

@@ -37,6 +37,12 @@ def main(out, expected_npz, expected_json):
   hidden_err = float(np.abs(hidden[valid] - ref["last_hidden_state"][valid]).max())
   assert hidden_err < 1e-4, f"hidden states differ by {hidden_err}"
 
+  if want.get("head") == "classifier":
+    check_classifier(out, want, kwargs)
+    print(json.dumps({"transformers": transformers.__version__,
+                      "torch": torch.__version__, "hidden_err": hidden_err}))
+    return
+
   mlm = transformers.AutoModelForMaskedLM.from_pretrained(out, **kwargs).eval()
   assert type(mlm).__name__ == want["model_class"], type(mlm).__name__
   with torch.no_grad():
@@ -68,6 +74,25 @@ def main(out, expected_npz, expected_json):
   print(json.dumps({"transformers": transformers.__version__,
                     "torch": torch.__version__, "model": type(model).__name__,
                     "hidden_err": hidden_err, "logits_err": logits_err}))
+
+
+def check_classifier(out, want, kwargs):
+  """A fine-tuned export: AutoModelForSequenceClassification gives the JAX
+  logits on the given rows, the fine-tuning run's predictions, and the
+  text-classification pipeline the same label."""
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, **kwargs).eval()
+  assert type(model).__name__ == want["model_class"], type(model).__name__
+  ids = torch.tensor(want["input_ids"])
+  with torch.no_grad():
+    logits = model(input_ids=ids, attention_mask=(ids != 0).long()).logits.numpy()
+  err = float(np.abs(logits - np.asarray(want["logits"])).max())
+  assert err < 1e-4, f"classifier logits differ by {err}"
+  assert logits.argmax(-1).tolist() == want["predictions"], "predictions differ"
+  classify = transformers.pipeline("text-classification", model=out, tokenizer=out,
+                                   **kwargs)
+  label = classify(want["sentence"])[0]["label"]
+  assert label == want["label"], f"pipeline says {label}, the JAX model {want['label']}"
 
 
 if __name__ == "__main__":

@@ -117,8 +117,11 @@ def get_finetune(arg=None):
   seeds (the median over them is reported)."""
   a = _arg(arg)
   learning_rates = tuple(float(r) for r in str(a.ft_lrs).split("+"))
+  # keep_final_checkpoint: the comparison's product is its table; its many
+  # fine-tuning runs keep no parameters.
   common = {"pooling": "mean", "learning_rate": learning_rates[0],
-            "dtype": "float32", "batch_size": 32, "log_every": 100}
+            "dtype": "float32", "batch_size": 32, "log_every": 100,
+            "keep_final_checkpoint": False}
   tasks = {"sst2": {"num_epochs": 2, "max_seq_len": 64,
                     "data.max_train_examples": 8000},
            "qnli": {"num_epochs": 3, "max_seq_len": 128},

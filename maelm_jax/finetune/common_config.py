@@ -33,7 +33,8 @@ def add_common_keys(config) -> None:
   config.mesh_shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'), as in pretraining.
   config.log_every = 50  # Steps between log records.
   # A checkpoint (params + optimizer) is saved after every epoch and on SIGTERM /
-  # Ctrl-C; the same command resumes. A finished run deletes it (its results are
-  # written) unless keep_final_checkpoint; start_over: see configs/pretrain.py.
-  config.keep_final_checkpoint = False
+  # Ctrl-C; the same command resumes. A finished run keeps its last one (what
+  # export_hf exports) unless keep_final_checkpoint=False; a sweep keeps only the
+  # runs at each task's selected learning rate. start_over: see configs/pretrain.py.
+  config.keep_final_checkpoint = True
   config.start_over = False  # True: train from step 1 if no checkpoint reads.

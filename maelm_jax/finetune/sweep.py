@@ -25,6 +25,10 @@ Any `--config.x=...` override applies to every run; `data.dir` may be the GLUE
 root, since each run finds its task's directory below it. With
 `--config=configs/squad.py:version=2.0` and no `--tasks`, the grid is learning
 rates x seeds. `--report_only` rebuilds the report from the runs on disk.
+
+Each run keeps its final checkpoint (`keep_final_checkpoint`) until the grid is
+complete; then only the runs at each task's selected learning rate keep theirs
+(every seed; what `export_hf` exports), and the others' are deleted.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import statistics
 from typing import Sequence
 
@@ -193,6 +198,31 @@ def format_report(report: dict) -> str:
   return "\n".join(lines)
 
 
+def prune_unselected(sweep_dir: str, report: dict) -> list[str]:
+  """Deletes the final checkpoints of the runs at learning rates the report did
+  not select (each task keeps every seed of its best rate); returns the run
+  directories pruned. Their results (eval_results.json, predictions) stay."""
+  from maelm_jax.finetune import run  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import checkpoints  # pylint: disable=g-import-not-at-top
+  pruned, freed = [], 0
+  for path in sorted(glob.glob(os.path.join(sweep_dir, "*", "*", run.RESULTS_FILE))):
+    with open(path) as f:
+      results = json.load(f)
+    task = report["tasks"].get(results["task"])
+    directory = checkpoints.checkpoint_dir(os.path.dirname(path))
+    if task is None or float(results["learning_rate"]) == task["learning_rate"]:
+      continue
+    if os.path.isdir(directory):
+      freed += sum(os.path.getsize(os.path.join(root, name))
+                   for root, _, names in os.walk(directory) for name in names)
+      shutil.rmtree(directory)
+      pruned.append(os.path.dirname(path))
+  if pruned:
+    logging.info("kept the checkpoints of each task's selected learning rate; "
+                 "deleted %d others (%.1f MB)", len(pruned), freed / 1e6)
+  return pruned
+
+
 def write_report(sweep_dir: str, selection: str = "best") -> dict:
   report = build_report(sweep_dir, selection)
   with open(os.path.join(sweep_dir, "report.json"), "w") as f:
@@ -204,7 +234,6 @@ def write_report(sweep_dir: str, selection: str = "best") -> dict:
 
 # --------------------------------------------------------------------------
 # Command line.
-
 
 
 def _define_flags() -> None:
@@ -236,6 +265,8 @@ def main():
                           learning_rates, [int(s) for s in FLAGS.seeds])
     run_grid(points, FLAGS.sweep_dir)
   report = write_report(FLAGS.sweep_dir, FLAGS.select)
+  if not FLAGS.report_only:  # The grid is complete: its selection is final.
+    prune_unselected(FLAGS.sweep_dir, report)
   print(format_report(report), flush=True)
   print(f"\nreport: {os.path.join(os.path.abspath(FLAGS.sweep_dir), 'report.md')}")
 

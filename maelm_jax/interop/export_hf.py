@@ -128,8 +128,15 @@ def _flatten(prefix: str, tree: dict, out: dict) -> dict:
   return out
 
 
-def maelm_tensors(params, model_cfg, with_lm_head: bool) -> dict:
-  """State dict of `modeling_maelm.MaelmModel` (or `MaelmForMaskedLM`)."""
+def _classifier(head) -> dict:
+  """A fine-tuning run's ClassificationHead -> the `classifier` of transformers'
+  *ForSequenceClassification (RoBERTa's names: dense, out_proj)."""
+  return {"dense": _dense(head["dense"]), "out_proj": _dense(head["out"])}
+
+
+def maelm_tensors(params, model_cfg, with_lm_head: bool, classifier=None) -> dict:
+  """State dict of `modeling_maelm.MaelmModel` (or `MaelmForMaskedLM`, or with
+  a fine-tuned `classifier` head, `MaelmForSequenceClassification`)."""
   import numpy as np
   from maelm_jax.modeling import relative_position
   enc = params["encoder"]
@@ -164,11 +171,14 @@ def maelm_tensors(params, model_cfg, with_lm_head: bool) -> dict:
         "decoder": {"bias": head["bias"]}}}
     if not model_cfg.tie_embeddings:
       tree["lm_head"]["decoder"]["weight"] = head["embedding"]
+  elif classifier is not None:
+    tree = {"maelm": tree, "classifier": _classifier(classifier)}
   return _flatten("", tree, {})
 
 
-def roberta_tensors(params, model_cfg, with_lm_head: bool) -> dict:
-  """State dict of transformers' `RobertaModel` (or `RobertaForMaskedLM`).
+def roberta_tensors(params, model_cfg, with_lm_head: bool, classifier=None) -> dict:
+  """State dict of transformers' `RobertaModel` (or `RobertaForMaskedLM`, or
+  with a fine-tuned `classifier` head, `RobertaForSequenceClassification`).
 
   RoBERTa numbers positions from `pad_token_id + 1` (= 1 here), so our position
   p is its row p + 1; row 0 (padding) is zero, as is the single token-type row.
@@ -203,10 +213,25 @@ def roberta_tensors(params, model_cfg, with_lm_head: bool) -> dict:
         "bias": head["bias"], "decoder": {"bias": head["bias"]}}}
     if not model_cfg.tie_embeddings:
       tree["lm_head"]["decoder"]["weight"] = head["embedding"]
+  elif classifier is not None:
+    tree = {"roberta": tree, "classifier": _classifier(classifier)}
   return _flatten("", tree, {})
 
 
-def hf_config(kind: str, model_cfg, with_lm_head: bool) -> dict:
+def classifier_config(task, pooling: str) -> dict:
+  """transformers' keys for a GLUE task's head: labels (the task's own label
+  strings), regression for STS-B, and maelm's pooling."""
+  if task.is_regression:
+    return dict(num_labels=1, problem_type="regression", pooling=pooling)
+  return dict(num_labels=len(task.labels), problem_type="single_label_classification",
+              id2label=dict(enumerate(task.labels)),
+              label2id={label: i for i, label in enumerate(task.labels)},
+              pooling=pooling)
+
+
+def hf_config(kind: str, model_cfg, with_lm_head: bool, classifier: dict | None = None
+              ) -> dict:
+  """config.json; `classifier`: `classifier_config` of a fine-tuned head."""
   common = dict(
       vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden,
       num_hidden_layers=model_cfg.num_layers,
@@ -215,17 +240,25 @@ def hf_config(kind: str, model_cfg, with_lm_head: bool) -> dict:
       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
       pad_token_id=0, bos_token_id=2, eos_token_id=3,
       tie_word_embeddings=model_cfg.tie_embeddings, torch_dtype="float32")
+  if classifier is not None:
+    common.update({k: v for k, v in classifier.items() if k != "pooling"})
   if kind == "roberta":
+    assert classifier is None or classifier["pooling"] == "cls", classifier
     return dict(common, model_type="roberta",
-                architectures=["RobertaForMaskedLM" if with_lm_head else "RobertaModel"],
+                architectures=["RobertaForSequenceClassification" if classifier else
+                               "RobertaForMaskedLM" if with_lm_head else "RobertaModel"],
                 max_position_embeddings=model_cfg.max_positions + 1,
                 type_vocab_size=1, hidden_act="gelu",
                 position_embedding_type="absolute")
   return dict(common, model_type="maelm",
-              architectures=["MaelmForMaskedLM" if with_lm_head else "MaelmModel"],
+              architectures=["MaelmForSequenceClassification" if classifier else
+                             "MaelmForMaskedLM" if with_lm_head else "MaelmModel"],
               auto_map={"AutoConfig": "configuration_maelm.MaelmConfig",
                         "AutoModel": "modeling_maelm.MaelmModel",
-                        "AutoModelForMaskedLM": "modeling_maelm.MaelmForMaskedLM"},
+                        "AutoModelForMaskedLM": "modeling_maelm.MaelmForMaskedLM",
+                        "AutoModelForSequenceClassification":
+                            "modeling_maelm.MaelmForSequenceClassification"},
+              pooling=(classifier or {}).get("pooling", "cls"),
               max_position_embeddings=model_cfg.max_positions,
               ln_type=model_cfg.ln_type,
               relative_position_bias=model_cfg.relative_position_bias,
@@ -359,9 +392,11 @@ def write_tokenizer(tokenizer_path: str, out: str, max_length: int) -> None:
 # --------------------------------------------------------------------------
 
 
-def reference_outputs(model_cfg, params, tokenizer) -> dict:
+def reference_outputs(model_cfg, params, tokenizer, head=None,
+                      classifier: dict | None = None) -> dict:
   """Token ids of REFERENCE_TEXTS as fine-tuning encodes them, and the float32
-  last hidden states of the JAX encoder."""
+  last hidden states of the JAX encoder; with a fine-tuned `head`, also the
+  classifier's `logits`."""
   import jax.numpy as jnp
   import numpy as np
   from maelm_jax.modeling import model as model_lib
@@ -379,16 +414,80 @@ def reference_outputs(model_cfg, params, tokenizer) -> dict:
                             remat=False, remat_policy="none")
   hidden = model_lib.Encoder(cfg).apply({"params": model_lib.encoder_params(params)},
                                         jnp.asarray(input_ids))
-  return {"input_ids": input_ids.astype(np.int64),
-          "attention_mask": (input_ids != tokenizer.pad_id).astype(np.int64),
-          "last_hidden_state": np.asarray(hidden, np.float32)}
+  out = {"input_ids": input_ids.astype(np.int64),
+         "attention_mask": (input_ids != tokenizer.pad_id).astype(np.int64),
+         "last_hidden_state": np.asarray(hidden, np.float32)}
+  if head is not None:
+    from maelm_jax.finetune import heads  # pylint: disable=g-import-not-at-top
+    model = heads.SequenceClassifier(cfg, classifier["num_labels"],
+                                     pooling=classifier["pooling"])
+    logits = model.apply({"params": {"backbone": model_lib.encoder_params(params),
+                                     "head": head}}, jnp.asarray(input_ids))
+    out["logits"] = np.asarray(logits, np.float32)
+  return out
 
 
-def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool) -> str:
+def load_finetuned(workdir: str, run_config: dict, step: int | None):
+  """(Pretrained, GLUE task, head params) of a GLUE fine-tuning workdir: its
+  encoder's shape and tokenizer come from the pretraining run it started from
+  (`init_from`), its parameters from its own checkpoint, layers unrolled."""
+  from maelm_jax.finetune import glue_data  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import param_layout  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
+  init_from = run_config.get("init_from", "")
+  if not os.path.isfile(workdir_lib.config_path(init_from)):
+    raise FileNotFoundError(
+        f"{workdir} was fine-tuned from {init_from!r}, whose config.json and "
+        "tokenizer (the model's shape and ids) are gone; restore that workdir")
+  pretrained = pretrained_lib.load_pretrained(init_from, read_params=False,
+                                              scan_layers=False)
+  params, pretrained.step = pretrained_lib.restore_params(workdir, step)
+  backbone = params["backbone"]
+  if param_layout.is_scanned(backbone):
+    backbone = param_layout.params_for(backbone, False)
+  pretrained.params = backbone
+  return pretrained, glue_data.get_task(run_config["task"]), params["head"]
+
+
+def _corpus(pretraining_workdir: str, source: str) -> str:
+  """The pretraining data, as its corpus report counted it."""
+  path = os.path.join(pretraining_workdir, "corpus_report.json")
+  if not os.path.isfile(path):
+    return f"`{source}`"
+  with open(path) as f:
+    report = json.load(f)
+  counts = ", ".join(f"{report[k]:,} {name}" for k, name in (
+      ("documents", "documents"), ("words", "words"), ("tokens", "tokens"))
+      if isinstance(report.get(k), (int, float)))
+  return f"`{source}`" + (f" ({counts}, by its corpus report)" if counts else "")
+
+
+def _finetuned(workdir: str, run_config: dict) -> str:
+  """Table rows of a fine-tuned head: its task and the results it holds."""
+  path = os.path.join(workdir, "eval_results.json")
+  results = {}
+  if os.path.isfile(path):
+    with open(path) as f:
+      results = json.load(f)
+  main = results.get("main_metric")
+  score = (f"{main} {results[main]:.4f} at the last epoch (best epoch "
+           f"{results['best']['epoch']}: {results['best'][main]:.4f})"
+           if main in results else "not recorded")
+  return (f"| fine-tuned | GLUE {run_config['task']}, from `{run_config['init_from']}`; "
+          f"learning rate {run_config['learning_rate']}, {run_config['num_epochs']} "
+          f"epochs, seed {run_config['seed']}, {run_config.get('pooling', 'cls')} pooling |\n"
+          f"| dev results | {score} |\n")
+
+
+def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool,
+               run_config: dict | None = None) -> str:
   cfg, config = pretrained.model_cfg, pretrained.config
+  run_config = run_config or {}
+  finetuned = run_config.get("mode") == "glue"
+  pretraining_workdir = run_config["init_from"] if finetuned else workdir
   num_params = sum(v.size for v in _flatten("", model_params(pretrained.params),
                                             {}).values())
-  ev = (workdir_lib.evaluations(workdir) or [{}])[-1]
+  ev = (workdir_lib.evaluations(pretraining_workdir) or [{}])[-1]
   score = (f"{100 * ev['eval/mask_accuracy']:.1f}% top-1 on held-out [MASK]ed "
            f"positions at step {ev['step']} (always the most frequent piece: "
            f"{100 * ev.get('eval/unigram_accuracy', float('nan')):.1f}%, the "
@@ -398,9 +497,15 @@ def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool) -> str:
   remote = "" if kind == "roberta" else ", trust_remote_code=True"
   decoder = ("none (MLM)" if cfg.decoder_type == "none" else
              f"{cfg.decoder_type}-attention, {cfg.decoder_layers} layers: not exported")
+  task = ("text-classification" if finetuned else
+          "fill-mask" if with_lm_head else "feature-extraction")
+  auto = ("AutoModelForSequenceClassification" if finetuned else
+          "AutoModelForMaskedLM" if with_lm_head else "AutoModel")
   return f"""---
 library_name: transformers
-tags: [maelm-jax, {config.model.objective}, feature-extraction]
+license: apache-2.0
+pipeline_tag: {task}
+tags: [maelm-jax, {config.model.objective}]
 ---
 # {os.path.basename(os.path.normpath(workdir))}: a maelm-jax encoder
 
@@ -413,16 +518,17 @@ Pretrained with maelm-jax (JAX/Flax) and exported by
 | size | {config.model.size}: {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.num_heads} heads, MLP {cfg.mlp}; {num_params:,} parameters exported |
 | layers | {cfg.ln_type}-LN, {"relative position bias + " if cfg.relative_position_bias else ""}absolute positions (up to {cfg.max_positions}) |
 | tokenizer | {"SentencePiece" if pretrained.tokenizer.path.endswith(".model") else "Hugging Face"} {pretrained.tokenizer.model_type}, {cfg.vocab_size} pieces |
-| data | `{config.data.source}` |
+| data | {_corpus(pretraining_workdir, config.data.source)} |
 | steps | {pretrained.step} of {config.total_steps}, batch {config.batch_size} x {config.seq_len} tokens |
 | held-out | {score} |
-| head | {"the MLM head (fill-mask)" if with_lm_head else "none: the encoder only"} |
+| head | {"the fine-tuned classifier" if finetuned else "the MLM head (fill-mask)" if with_lm_head else "none: the encoder only"} |
+{_finetuned(workdir, run_config) if finetuned else ""}| license | Apache-2.0, as maelm-jax; the pretraining data's own terms apply to what was learned from it |
 
 ```python
-from transformers import AutoModel, AutoTokenizer
+from transformers import {auto}, AutoTokenizer, pipeline
 tokenizer = AutoTokenizer.from_pretrained(DIR{remote})
-model = AutoModel.from_pretrained(DIR{remote})
-hidden = model(**tokenizer("A sentence.", return_tensors="pt")).last_hidden_state
+model = {auto}.from_pretrained(DIR{remote})
+print(pipeline("{task}", model=DIR{remote})("{"The cat sat on the [MASK]." if with_lm_head else "A sentence."}"))
 ```
 
 Tested with transformers 4.57 and 5.x (PyTorch) by maelm-jax's test suite.
@@ -460,10 +566,16 @@ def export(workdir: str, out: str, *, step: int | None = None,
                             "--workdir of a maelm_jax pretraining run")
   with open(config_path) as f:
     run_config = json.load(f)
-  if run_config.get("mode", "pretrain") != "pretrain":
-    raise ValueError(f"{workdir} is a {run_config['mode']} fine-tuning run; export "
-                     "the pretraining run it started from (its init_from)")
-  if with_lm_head and run_config["model"].get("decoder_type", "none") != "none":
+  mode = run_config.get("mode", "pretrain")
+  if mode == "squad":
+    raise ValueError(f"{workdir} is a SQuAD fine-tuning run, whose export "
+                     "(*ForQuestionAnswering) is not written yet; export the "
+                     f"pretraining run it started from ({run_config.get('init_from')})")
+  if mode == "glue" and with_lm_head:
+    raise ValueError(f"--with_lm_head: {workdir} is a fine-tuned classifier, which has "
+                     "no LM head; drop --with_lm_head")
+  if mode == "pretrain" and with_lm_head and run_config["model"].get(
+      "decoder_type", "none") != "none":
     raise ValueError(
         f"--with_lm_head: the LM head of this {run_config['model']['objective']} run "
         "reads its decoder's output, and the decoder is not exported; export the "
@@ -476,13 +588,19 @@ def export(workdir: str, out: str, *, step: int | None = None,
   if step is not None and step not in steps:
     raise ValueError(f"--step={step}: {workdir} has checkpoints at steps {steps}")
 
-  pretrained = pretrained_lib.load_pretrained(workdir, encoder_only=not with_lm_head,
-                                           step=step, scan_layers=False)
+  head, classifier = None, None
+  if mode == "glue":
+    pretrained, task, head = load_finetuned(workdir, run_config, step)
+    classifier = classifier_config(task, run_config.get("pooling", "cls"))
+  else:
+    pretrained = pretrained_lib.load_pretrained(workdir, encoder_only=not with_lm_head,
+                                             step=step, scan_layers=False)
   cfg = pretrained.model_cfg
-  kind = architecture(cfg)
+  # RoBERTa's classifier reads the first token: a mean-pooled one is remote code.
+  kind = architecture(cfg) if (classifier or {}).get("pooling", "cls") == "cls" else "maelm"
   params = pretrained.params if with_lm_head else model_params(pretrained.params)
   tensors = (roberta_tensors if kind == "roberta" else maelm_tensors)(
-      params, cfg, with_lm_head)
+      params, cfg, with_lm_head, head)
   tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
 
   # Written aside and renamed into place: a failed export leaves nothing half-done.
@@ -492,18 +610,19 @@ def export(workdir: str, out: str, *, step: int | None = None,
     save_file(tensors, os.path.join(tmp, "model.safetensors"),
               metadata={"format": "pt"})
     with open(os.path.join(tmp, workdir_lib.HF_CONFIG_FILE), "w") as f:
-      json.dump(hf_config(kind, cfg, with_lm_head), f, indent=2)
+      json.dump(hf_config(kind, cfg, with_lm_head, classifier), f, indent=2)
     if kind == "maelm":
       for name in REMOTE_CODE_FILES:
         shutil.copyfile(HF_MODELING_DIR / name, os.path.join(tmp, name))
     write_tokenizer(pretrained.tokenizer.path, tmp, cfg.max_positions)
     np.savez(os.path.join(tmp, "reference_outputs.npz"),
-             **reference_outputs(cfg, pretrained.params, pretrained.tokenizer))
+             **reference_outputs(cfg, pretrained.params, pretrained.tokenizer, head,
+                                 classifier))
     with open(os.path.join(tmp, "README.md"), "w") as f:
-      f.write(model_card(kind, pretrained, workdir, with_lm_head))
+      f.write(model_card(kind, pretrained, workdir, with_lm_head, run_config))
     with open(os.path.join(tmp, MARKER), "w") as f:
       json.dump({"workdir": workdir, "step": pretrained.step, "kind": kind,
-                 "with_lm_head": with_lm_head,
+                 "with_lm_head": with_lm_head, "mode": mode,
                  "date": datetime.datetime.now().isoformat(timespec="seconds")},
                 f, indent=2)
     if os.path.exists(out):

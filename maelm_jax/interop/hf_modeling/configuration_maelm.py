@@ -28,7 +28,8 @@ class MaelmConfig(PretrainedConfig):
                 max_position_embeddings=512, ln_type="pre",
                 relative_position_bias=True, relative_buckets=32,
                 relative_max_distance=128, untie_cls_position=True,
-                layer_norm_eps=1e-5, objective="maelm")
+                layer_norm_eps=1e-5, objective="maelm",
+                pooling="cls")  # A fine-tuned classifier's: "cls" or "mean".
 
   def __init__(self, tie_word_embeddings=True, pad_token_id=0, bos_token_id=2,
                eos_token_id=3, **kwargs):

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_outputs import (BaseModelOutput, MaskedLMOutput,
+                                           SequenceClassifierOutput)
 
 from .configuration_maelm import MaelmConfig
 
@@ -243,3 +244,52 @@ class MaelmForMaskedLM(MaelmPreTrainedModel):
       loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
                              ignore_index=-100)
     return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+class MaelmClassificationHead(nn.Module):
+  """maelm-jax's fine-tuning head: dropout -> dense -> tanh -> dropout -> the
+  class (or, with one label, regression) projection."""
+
+  def __init__(self, config):
+    super().__init__()
+    self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+    self.dropout = nn.Dropout(getattr(config, "hidden_dropout_prob", 0.1))
+    self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+  def forward(self, pooled):
+    x = torch.tanh(self.dense(self.dropout(pooled)))
+    return self.out_proj(self.dropout(x))
+
+
+class MaelmForSequenceClassification(MaelmPreTrainedModel):
+  """Encoder + the head of a GLUE fine-tuning run, on the first token's vector
+  (`config.pooling == "cls"`) or on the mean of the real tokens' ("mean")."""
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.num_labels = config.num_labels
+    self.maelm = MaelmModel(config)
+    self.classifier = MaelmClassificationHead(config)
+    self.post_init()
+
+  def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+              labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+    if attention_mask is None:
+      attention_mask = input_ids != self.config.pad_token_id
+    out = self.maelm(input_ids, attention_mask, position_ids,
+                     output_hidden_states=output_hidden_states)
+    hidden = out.last_hidden_state
+    if getattr(self.config, "pooling", "cls") == "mean":
+      valid = attention_mask[..., None].to(hidden.dtype)
+      pooled = (hidden * valid).sum(1) / valid.sum(1).clamp(min=1)
+    else:
+      pooled = hidden[:, 0]
+    logits = self.classifier(pooled)
+    loss = None
+    if labels is not None:
+      if self.num_labels == 1:
+        loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
+      else:
+        loss = F.cross_entropy(logits, labels.view(-1))
+    return SequenceClassifierOutput(loss=loss, logits=logits,
+                                    hidden_states=out.hidden_states)
