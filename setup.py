@@ -51,6 +51,9 @@ setup(
         # any Linux x86-64 host (the only platform it is built for), pinned by
         # jax's own `tpu` extra to the libtpu of the installed jax.
         "tpu": [TPU],
+        # NVIDIA GPUs: jax's CUDA wheels (CUDA 12 or 13, as the driver allows).
+        "cuda12": ["jax[cuda12]"],
+        "cuda13": ["jax[cuda13]"],
         # python -m maelm_jax.export_hf and import_hf (safetensors files). The
         # parity checks (import_hf --check, import_fairseq) also need torch and
         # transformers, which a user installs for their platform.
@@ -61,8 +64,10 @@ setup(
         # may pull a multi-GB CUDA build).
         # nbclient/ipykernel run notebooks/quickstart.ipynb in a real kernel.
         # import-linter checks the package's layers (.importlinter).
+        # scikit-learn: the GLUE metrics' parity test (scipy comes with jax).
         "test": [TPU, "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5",
                  "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6",
-                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+                 "scikit-learn>=1.4"],
     },
 )

@@ -1,4 +1,5 @@
-"""The GLUE metrics against values computed by hand (comments show the arithmetic)."""
+"""The GLUE metrics against values computed by hand (comments show the arithmetic),
+and against scikit-learn and scipy on random predictions."""
 
 import math
 
@@ -87,3 +88,32 @@ def test_each_task_reports_its_official_metrics(name, expected_keys):
     assert values["accuracy"] == 0.5
   if "f1" in values:  # tp=2, fp=1, fn=1.
     assert values["f1"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_metrics_equal_sklearn_and_scipy(seed):
+  """Parity with the implementations the GLUE leaderboard's numbers come from,
+  on random predictions: binary and 3-class, imbalanced, with ties in the
+  regression scores, and collapsed to one class (MCC and F1 undefined: 0)."""
+  sklearn_metrics = pytest.importorskip("sklearn.metrics")
+  stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(seed)
+  n = int(rng.integers(5, 300))
+  classes = 2 if seed % 2 else 3
+  labels = rng.choice(classes, n, p=rng.dirichlet(np.ones(classes)))
+  predictions = np.where(rng.random(n) < 0.6, labels, rng.integers(0, classes, n))
+  if seed % 5 == 0:
+    predictions = np.zeros(n, int)  # One class only.
+  assert metrics.accuracy(predictions, labels) == pytest.approx(
+      sklearn_metrics.accuracy_score(labels, predictions))
+  assert metrics.matthews_corrcoef(predictions, labels) == pytest.approx(
+      sklearn_metrics.matthews_corrcoef(labels, predictions), abs=1e-12)
+  if classes == 2:
+    assert metrics.f1_score(predictions, labels) == pytest.approx(
+        sklearn_metrics.f1_score(labels, predictions, zero_division=0), abs=1e-12)
+  x = np.round(rng.normal(size=n), 1)  # Rounded: ties, as STS-B's 0-5 scores have.
+  y = np.round(x + rng.normal(scale=0.7, size=n), 1)
+  assert metrics.pearson_corrcoef(x, y) == pytest.approx(stats.pearsonr(x, y)[0],
+                                                         abs=1e-12)
+  assert metrics.spearman_corrcoef(x, y) == pytest.approx(stats.spearmanr(x, y)[0],
+                                                          abs=1e-12)
