@@ -224,7 +224,7 @@ def as_pairs(examples):
 def test_each_task_reads_train_dev_and_test(glue_root, name):
   task = glue_data.get_task(name)
   data = glue_data.GlueData(task, "tsv", str(glue_root))  # The GLUE root works.
-  assert data.dir == str(glue_root / task.tsv_dir)
+  assert (data.dir, data.layout) == (str(glue_root / task.tsv_dir), "tsv")
   data.check_files(test=True)
   expected = EXPECTED[name]
   assert as_pairs(data.train()) == expected["train"]
@@ -235,6 +235,71 @@ def test_each_task_reads_train_dev_and_test(glue_root, name):
   test = data.test(task.eval_splits[0])
   assert [(e.index, e.texts) for e in test] == expected["test"]
   assert all(e.label is None for e in test)
+
+
+def write_hub_layouts(task, data, root):
+  """The task's examples (as read from the TSVs) written as users hold GLUE from
+  the hub: its parquet files (root/parquet/<name>/<split>-00000-of-00001.parquet)
+  and a DatasetDict.save_to_disk folder (root/hfdisk/<name>/<split>/*.arrow),
+  with tfds's columns and class ids (-1 on test splits), built with pyarrow."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  splits = {"train": data.train()}
+  for split in task.eval_splits:
+    splits[split.tfds_split] = data.dev(split)
+    splits[split.test_tfds_split] = data.test(split)
+  for split, examples in splits.items():
+    columns = {f: [e.texts[i] for e in examples]
+               for i, f in enumerate(task.tfds_text_features)}
+    missing = -1.0 if task.is_regression else -1
+    columns["label"] = [missing if e.label is None else e.label for e in examples]
+    columns["idx"] = [e.index for e in examples]
+    table = pa.table(columns)
+    (root / "parquet" / task.name).mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, root / "parquet" / task.name / f"{split}-00000-of-00001.parquet")
+    folder = root / "hfdisk" / task.name / split
+    folder.mkdir(parents=True)
+    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink:
+      with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    (folder / "state.json").write_text(json.dumps(
+        {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+  (root / "hfdisk" / task.name / "dataset_dict.json").write_text(
+      json.dumps({"splits": list(splits)}))
+
+
+@pytest.mark.parametrize("name", sorted(glue_data.TASKS))
+def test_the_hubs_parquet_and_save_to_disk_layouts_read_as_the_tsvs(glue_root, tmp_path,
+                                                                     name):
+  """The same examples from the TSVs, the hub's parquet files and a save_to_disk
+  folder, each found from the root above the task's folder or from the folder."""
+  task = glue_data.get_task(name)
+  tsv = glue_data.GlueData(task, "tsv", str(glue_root))
+  write_hub_layouts(task, tsv, tmp_path)
+  for layout in ("parquet", "hfdisk"):
+    for data_dir in (tmp_path / layout, tmp_path / layout / task.name):
+      data = glue_data.GlueData(task, "tsv", str(data_dir))
+      assert (data.dir, data.layout) == (str(tmp_path / layout / task.name), layout)
+      data.check_files(test=True)
+      assert as_pairs(data.train()) == as_pairs(tsv.train())
+      for split in task.eval_splits:
+        assert [(e.index, e.texts, e.label) for e in data.dev(split)] == [
+            (e.index, e.texts, e.label) for e in tsv.dev(split)]
+        assert [(e.index, e.texts, e.label) for e in data.test(split)] == [
+            (e.index, e.texts, e.label) for e in tsv.test(split)]
+
+
+def test_a_hub_folder_missing_a_split_or_of_another_task_is_named(glue_root, tmp_path):
+  sst2, rte = glue_data.get_task("sst2"), glue_data.get_task("rte")
+  write_hub_layouts(sst2, glue_data.GlueData(sst2, "tsv", str(glue_root)), tmp_path)
+  os.remove(tmp_path / "parquet" / "sst2" / "test-00000-of-00001.parquet")
+  data = glue_data.GlueData(sst2, "tsv", str(tmp_path / "parquet"))
+  data.check_files()  # No test split needed unless test predictions are asked for.
+  with pytest.raises(FileNotFoundError, match=r"lacks the \['test'\] split.*predict_test"):
+    data.check_files(test=True)
+  with pytest.raises(ValueError, match=r"has no column \['sentence1', 'sentence2'\]"):
+    glue_data.read_hub_split(rte, str(tmp_path / "hfdisk" / "sst2"), "hfdisk", "train")
 
 
 def test_mrpc_byte_order_mark_and_bare_quotes_survive(glue_root):

@@ -6,7 +6,8 @@ r"""GLUE fine-tuning of a pretrained encoder (any maelm_jax pretraining workdir)
 
 Tasks: cola sst2 mrpc stsb qqp mnli qnli rte wnli. Choose the task in the config
 argument (`:task=mnli`) so that its defaults below apply. `data.dir` may be the
-task's directory or the GLUE root holding it (`--config.data.dir=/data/glue`);
+task's directory or the GLUE root holding it (`--config.data.dir=/data/glue`), with
+TSVs, the hub's parquet files or a save_to_disk folder (finetune/glue_data.py);
 `--config.data.source=tfds` reads tfds `glue/<task>` instead. Writes
 `eval_results.json`, `eval_predictions.jsonl` and `metrics.jsonl` to the workdir,
 and `glue_submission/<Task>.tsv` with `--config.data.predict_test=True`.
@@ -63,7 +64,9 @@ def get_config(arg=None):
 
   config.data = ml_collections.ConfigDict()
   config.data.source = "tsv"  # "tsv" (data.dir) or "tfds" (glue/<task>).
-  config.data.dir = ""  # The task's GLUE directory, or the GLUE root above it.
+  # The task's GLUE directory, or the GLUE root above it: TSVs
+  # (download_glue_data.py), the hub's parquet files, or a save_to_disk folder.
+  config.data.dir = ""
   # TFDS data_dir for data.source='tfds' ('': TFDS's default).
   config.data.tfds_data_dir = ""
   config.data.max_train_examples = 0  # 0: all; else a fixed random subset.

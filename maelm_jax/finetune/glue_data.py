@@ -2,12 +2,19 @@
 
 Sources (`config.data.source`):
 
-  tsv   the directories written by the common `download_glue_data.py`
-        (`CoLA/ SST-2/ MRPC/ STS-B/ QQP/ MNLI/ QNLI/ RTE/ WNLI/ diagnostic/`).
-        `config.data.dir` may name the task's directory or the GLUE root above it.
-        The files are parsed with quoting off (several contain bare `"`), MRPC's
-        UTF-8 byte-order mark is dropped, CoLA's train/dev files have no header
-        row, and string labels (`entailment`, ...) map to class ids by `labels`.
+  tsv   files in `config.data.dir`, which may name the task's directory or the
+        GLUE root above it, in any of three layouts (found by what is there):
+        - the directories written by the common `download_glue_data.py`
+          (`CoLA/ SST-2/ MRPC/ STS-B/ QQP/ MNLI/ QNLI/ RTE/ WNLI/ diagnostic/`),
+          parsed with quoting off (several contain bare `"`), MRPC's UTF-8
+          byte-order mark dropped, CoLA's train/dev files without a header row,
+          string labels (`entailment`, ...) mapped to class ids by `labels`;
+        - the Hugging Face hub's parquet files (`nyu-mll/glue`: `sst2/
+          train-00000-of-00001.parquet`, `validation-...`, `test-...`; MNLI's
+          `validation_matched-...`), a folder per task named as tfds names it;
+        - a `datasets` `DatasetDict.save_to_disk` folder of the task (its
+          `train/ validation/ test/` splits of Arrow files).
+        The hub's columns and class ids are tfds's.
   tfds  `glue/<task>` read with `tfds.data_source` (ArrayRecord, no TensorFlow),
         prepared with `tfds build glue/<task> --file_format=array_record`.
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import glob
 import math
 import os
 from typing import Sequence
@@ -230,20 +238,29 @@ def read_diagnostic_tsv(path: str) -> list[GlueExample]:
   return read_tsv(TASKS["mnli"], path, labelled=False)
 
 
-def resolve_task_dir(task: GlueTask, data_dir: str) -> str:
-  """`data_dir` itself if it holds the task's files, else `data_dir/<tsv_dir>`."""
+def resolve_task_dir(task: GlueTask, data_dir: str) -> tuple[str, str]:
+  """(directory, layout) of the task's files: `data_dir` itself, or its
+  `<tsv_dir>/` (download_glue_data.py) or `<name>/` (the hub, save_to_disk)
+  subfolder, holding TSVs, the hub's parquet files or a save_to_disk folder."""
   if not data_dir:
     raise ValueError(f"--config.data.dir is empty; point it at the {task.tsv_dir} "
                      "directory written by download_glue_data.py (or the GLUE root "
                      "holding it), or read tfds with --config.data.source=tfds")
   markers = ["train.tsv"] + [s.tsv_file for s in task.eval_splits]
-  for candidate in (data_dir, os.path.join(data_dir, task.tsv_dir)):
+  for candidate in (data_dir, os.path.join(data_dir, task.tsv_dir),
+                    os.path.join(data_dir, task.name)):
     if any(os.path.isfile(os.path.join(candidate, m)) for m in markers):
-      return candidate
+      return candidate, "tsv"
+    if glob.glob(os.path.join(glob.escape(candidate), "train-*.parquet")):
+      return candidate, "parquet"
+    if os.path.isfile(os.path.join(candidate, "dataset_dict.json")):
+      return candidate, "hfdisk"
   raise FileNotFoundError(
       f"--config.data.dir={data_dir!r} holds neither {markers} nor a "
-      f"{task.tsv_dir}/ directory with them; point it at the {task.tsv_dir} "
-      "directory written by download_glue_data.py, or the GLUE root above it")
+      f"{task.tsv_dir}/ directory with them, nor the hub's {task.name}/"
+      "train-*.parquet, nor a save_to_disk folder (dataset_dict.json); point it at "
+      f"the {task.tsv_dir} directory written by download_glue_data.py, or the GLUE "
+      "root above it")
 
 
 # --------------------------------------------------------------------------
@@ -253,8 +270,51 @@ def resolve_task_dir(task: GlueTask, data_dir: str) -> str:
 def read_tfds(task: GlueTask, split: str, *,
               data_dir: str | None = None) -> list[GlueExample]:
   """Examples of tfds `glue/<task>` split `split` (test labels are -1 -> None)."""
+  return examples_of_records(
+      task, split, sources.tfds_records(f"glue/{task.name}", split, data_dir))
+
+
+def read_hub_split(task: GlueTask, directory: str, layout: str,
+                   split: str) -> list[GlueExample]:
+  """Examples of one split of the hub's parquet files or a save_to_disk folder
+  (the split named as tfds names it: train, validation, validation_matched...)."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  files = _split_files(directory, layout, split)
+  if not files:
+    raise FileNotFoundError(f"{directory} has no {split} split ({_SPLIT_FILES[layout]})")
+  tables = []
+  for path in files:
+    if layout == "parquet":
+      tables.append(pq.read_table(path))
+    else:
+      with pa.memory_map(path) as source:
+        tables.append(pa.ipc.open_stream(source).read_all())
+  records = pa.concat_tables(tables).to_pylist()
+  missing = [f for f in task.tfds_text_features if records and f not in records[0]]
+  if missing:
+    raise ValueError(f"{files[0]} has no column {missing} of {task.name} (its "
+                     f"columns: {sorted(records[0])}); is it another task's file?")
+  return examples_of_records(task, split, records)
+
+
+# Where a split's files are, by layout (`{split}`: train, validation, ...).
+_SPLIT_FILES = {"parquet": "{split}-*.parquet", "hfdisk": "{split}/*.arrow"}
+
+
+def _split_files(directory: str, layout: str, split: str) -> list[str]:
+  if layout == "hfdisk":
+    from maelm_jax.data import prepare_data  # pylint: disable=g-import-not-at-top
+    folder = os.path.join(directory, split)
+    return prepare_data.hfdisk_files(folder) if os.path.isdir(folder) else []
+  return sorted(glob.glob(os.path.join(directory, _SPLIT_FILES[layout].format(
+      split=glob.escape(split)))))
+
+
+def examples_of_records(task: GlueTask, split: str, records) -> list[GlueExample]:
+  """GlueExamples of tfds-style records (the hub's columns are tfds's)."""
   examples = []
-  for i, record in enumerate(sources.tfds_records(f"glue/{task.name}", split, data_dir)):
+  for i, record in enumerate(records):
     raw = record.get("label", -1)
     if task.is_regression:
       label = float(raw)
@@ -283,11 +343,23 @@ class GlueData:
     self.task = task
     self.source = source
     self.tfds_data_dir = tfds_data_dir or None
-    self.dir = resolve_task_dir(task, data_dir) if source == "tsv" else None
+    self.dir, self.layout = (resolve_task_dir(task, data_dir) if source == "tsv"
+                             else (None, None))
 
   def check_files(self, *, test: bool = False) -> None:
     """Fails fast (before any compilation) on a missing TSV file."""
     if self.source != "tsv":
+      return
+    if self.layout != "tsv":
+      splits = ["train"] + [s.tfds_split for s in self.task.eval_splits]
+      if test:
+        splits += [s.test_tfds_split for s in self.task.eval_splits]
+      missing = [s for s in splits if not _split_files(self.dir, self.layout, s)]
+      if missing:
+        raise FileNotFoundError(
+            f"{self.dir} lacks the {missing} split(s) ({_SPLIT_FILES[self.layout]})"
+            + (" (or set --config.data.predict_test=False)" if test and all(
+                s.startswith("test") for s in missing) else ""))
       return
     names = ["train.tsv"] + [s.tsv_file for s in self.task.eval_splits]
     if test:
@@ -302,16 +374,22 @@ class GlueData:
   def train(self) -> list[GlueExample]:
     if self.source == "tfds":
       return read_tfds(self.task, "train", data_dir=self.tfds_data_dir)
+    if self.layout != "tsv":
+      return read_hub_split(self.task, self.dir, self.layout, "train")
     return read_tsv(self.task, os.path.join(self.dir, "train.tsv"), skip_malformed=True)
 
   def dev(self, split: EvalSplit) -> list[GlueExample]:
     if self.source == "tfds":
       return read_tfds(self.task, split.tfds_split, data_dir=self.tfds_data_dir)
+    if self.layout != "tsv":
+      return read_hub_split(self.task, self.dir, self.layout, split.tfds_split)
     return read_tsv(self.task, os.path.join(self.dir, split.tsv_file))
 
   def test(self, split: EvalSplit) -> list[GlueExample]:
     if self.source == "tfds":
       return read_tfds(self.task, split.test_tfds_split, data_dir=self.tfds_data_dir)
+    if self.layout != "tsv":
+      return read_hub_split(self.task, self.dir, self.layout, split.test_tfds_split)
     return read_tsv(self.task, os.path.join(self.dir, split.test_tsv_file),
                     labelled=False)
 
