@@ -50,7 +50,8 @@ import orbax.checkpoint as ocp
 from maelm_jax.core import config_defaults as defaults
 from maelm_jax.core import progress as progress_lib, sharding, workdir as workdir_lib
 from maelm_jax.modeling import attention
-from maelm_jax.run import checkpoints, config_lib, metric_writers, run_session, train_lib
+from maelm_jax.run import (checkpoints, config_lib, metric_writers, plots, run_session,
+                           train_lib)
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.finetune import heads
 from maelm_jax.finetune.tasks import GlueProblem, SquadProblem
@@ -439,6 +440,8 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       session.write(step, {f"eval/{k}": v for k, v in evaluation.metrics.items()})
       logging.info("epoch %d/%d (step %d): %s", epoch, config.num_epochs, step,
                    ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+      if is_main:
+        _plot(workdir, list(evaluation.metrics), results_name(config))
       save(step, epoch + 1, 0)
       timer, timed_examples = time.perf_counter(), 0
       if stop and epoch < config.num_epochs:  # Saved just above.
@@ -457,7 +460,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       best = record
 
   # ---------------------------------------------------------------- Outputs --
-  results = {"task": config.task if config.mode == "glue" else f"squad_v{config.version}",
+  results = {"task": results_name(config),
              "step": step, "epoch": config.num_epochs, **evaluation.metrics,
              "main_metric": problem.main_metric, "best": best, "history": history,
              "init_from": os.path.abspath(config.init_from),
@@ -475,6 +478,19 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       shutil.rmtree(checkpoints.checkpoint_dir(workdir), ignore_errors=True)
     print(summary(workdir, results), flush=True)
   return results
+
+
+def results_name(config) -> str:
+  """The task as results name it: sst2, mnli, ..., squad_v1.1."""
+  return config.task if config.mode == "glue" else f"squad_v{config.version}"
+
+
+def _plot(workdir: str, metrics: list[str], task: str) -> None:
+  """The curves are a convenience: a failure to draw them never stops a run."""
+  try:
+    plots.plot_finetuning_curve(workdir, metrics, f"{task}: {workdir}")
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning("could not draw %s: %s", plots.FINETUNING_FILENAME, error)
 
 
 def summary(workdir: str, results: dict) -> str:

@@ -223,12 +223,47 @@ def prune_unselected(sweep_dir: str, report: dict) -> list[str]:
   return pruned
 
 
+def plot_report(report: dict, path: str, label: str = "") -> dict:
+  """Each task's main metric against the learning rate (log axis): the median
+  over seeds, with a bar from the lowest to the highest seed. The score axis
+  runs from 0 (or the lowest seed, when negative) to 100, so seed noise is not
+  drawn as a ranking. Returns {task: (learning rates, medians, lows, highs)}."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  drawn = {}
+  tasks = report["tasks"]
+  fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
+  for ax, (task, entry) in zip(axes.flat, sorted(tasks.items())):
+    main = entry["main_metric"]
+    rates = sorted(entry["by_learning_rate"], key=float)
+    table = [entry["by_learning_rate"][r] for r in rates]
+    medians = [100 * t["median"][main] for t in table]
+    lows = [100 * min(t[main]) for t in table]
+    highs = [100 * max(t[main]) for t in table]
+    xs = [float(r) for r in rates]
+    drawn[task] = (xs, medians, lows, highs)
+    ax.errorbar(xs, medians, yerr=[[m - lo for m, lo in zip(medians, lows)],
+                                   [hi - m for m, hi in zip(medians, highs)]],
+                fmt="o-", capsize=3, label=label or "median, seed range")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel=f"{main} (x100)",
+           title=f"{task} ({len(table[0]['seeds'])} seeds)",
+           ylim=(min(0, min(lows) - 5), 100))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return drawn
+
+
 def write_report(sweep_dir: str, selection: str = "best") -> dict:
   report = build_report(sweep_dir, selection)
   with open(os.path.join(sweep_dir, "report.json"), "w") as f:
     json.dump(report, f, indent=2)
   with open(os.path.join(sweep_dir, "report.md"), "w") as f:
     f.write(format_report(report) + "\n")
+  plot_report(report, os.path.join(sweep_dir, "report.png"))
   return report
 
 
