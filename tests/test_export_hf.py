@@ -413,3 +413,97 @@ def test_a_finetuned_classifier_export_loads_in_transformers5(finetuned_exports,
                         stdin=subprocess.DEVNULL)
   assert done.returncode == 0, done.stderr[-4000:]
   assert json.loads(done.stdout.strip().splitlines()[-1])["hidden_err"] < 1e-4
+
+
+# ----------------------------------------------- Fine-tuned span extractors --
+
+
+@pytest.fixture(scope="module")
+def squad_exports(tmp_path_factory, mlm_export, roberta_export):
+  """SQuAD v2.0 fine-tunes of both pretraining runs, exported: transformers' own
+  RobertaForQuestionAnswering for the RoBERTa-shaped one, remote code else."""
+  from maelm_jax.finetune import run  # pylint: disable=g-import-not-at-top
+  from tests.test_finetune_e2e import squad_test_config, squad_v2_file  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("squad")
+  train_file = squad_v2_file(root / "train-v2.0.json", 48, seed=0)
+  eval_file = squad_v2_file(root / "dev-v2.0.json", 12, seed=1)
+  exports = {}
+  for name, (pretraining, _), kind in (("maelm", mlm_export, "maelm"),
+                                       ("roberta", roberta_export, "roberta")):
+    workdir = root / name
+    run.run(squad_test_config(pretraining, train_file, eval_file), str(workdir))
+    assert export_hf.export(str(workdir), str(root / f"{name}_hf")) == kind
+    exports[name] = (workdir, root / f"{name}_hf", eval_file)
+  return exports
+
+
+def jax_span_logits(workdir, eval_file):
+  """The fine-tuned JAX model's start and end logits on the dev windows as
+  fine-tuning builds them; read with the run's own loaders."""
+  from maelm_jax.finetune import heads, squad_data  # pylint: disable=g-import-not-at-top
+  config = json.loads((workdir / "config.json").read_text())
+  p = pretrained_lib.load_pretrained(config["init_from"], read_params=False)
+  params, _ = pretrained_lib.restore_params(str(workdir))
+  cfg = p.model_cfg.__class__(**{**p.model_cfg.__dict__, "dtype": jnp.float32})
+  features = squad_data.make_features(
+      squad_data.read_squad_json(str(eval_file)), p.tokenizer,
+      max_seq_len=config["max_seq_len"], doc_stride=config["doc_stride"],
+      max_query_len=config["max_query_len"], training=False)
+  start, end = heads.SpanExtractor(cfg).apply({"params": params},
+                                              jnp.asarray(features.input_ids))
+  return features.input_ids, np.asarray(start), np.asarray(end)
+
+
+@pytest.mark.parametrize("name", ["maelm", "roberta"])
+def test_a_squad_run_exports_to_question_answering(squad_exports, name):
+  """AutoModelForQuestionAnswering of the export: the JAX start and end logits on
+  every dev window (1e-4, real tokens), the reference rows, and transformers'
+  question-answering pipeline answering from the context."""
+  workdir, out, eval_file = squad_exports[name]
+  ids, start, end = jax_span_logits(workdir, eval_file)
+  remote = name == "maelm"
+  model = transformers.AutoModelForQuestionAnswering.from_pretrained(
+      out, trust_remote_code=remote).eval()
+  assert type(model).__name__ == ("MaelmForQuestionAnswering" if remote
+                                  else "RobertaForQuestionAnswering")
+  valid = ids != 0
+  with torch.no_grad():
+    got = model(input_ids=torch.tensor(ids.astype(np.int64)),
+                attention_mask=torch.tensor(valid.astype(np.int64)))
+  np.testing.assert_allclose(got.start_logits.numpy()[valid], start[valid], atol=1e-4)
+  np.testing.assert_allclose(got.end_logits.numpy()[valid], end[valid], atol=1e-4)
+  ref = np.load(out / "reference_outputs.npz")
+  ref_valid = ref["attention_mask"].astype(bool)
+  with torch.no_grad():
+    got = model(input_ids=torch.tensor(ref["input_ids"]),
+                attention_mask=torch.tensor(ref["attention_mask"]))
+  np.testing.assert_allclose(got.start_logits.numpy()[ref_valid],
+                             ref["start_logits"][ref_valid], atol=1e-4)
+  context = json.loads(eval_file.read_text())["data"][0]["paragraphs"][0]["context"]
+  answer = transformers.pipeline("question-answering", model=str(out), tokenizer=str(out),
+                                 trust_remote_code=remote)(
+      question="where did the traveller go ?", context=context)
+  assert answer["answer"] in context and 0 <= answer["start"] < answer["end"]
+  card = (out / "README.md").read_text()
+  assert "SQuAD v2.0" in card and "question-answering" in card
+
+
+def test_a_squad_export_loads_in_transformers5(squad_exports, tmp_path):
+  python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
+  if not os.path.exists(python):
+    if TRANSFORMERS5_PYTHON:
+      pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
+    pytest.skip(f"no transformers 5.x environment at {python}")
+  workdir, out, eval_file = squad_exports["maelm"]
+  ids, start, end = jax_span_logits(workdir, eval_file)
+  np.savez(tmp_path / "expected.npz", **np.load(out / "reference_outputs.npz"))
+  (tmp_path / "expected.json").write_text(json.dumps({
+      "remote": True, "head": "qa", "model_class": "MaelmForQuestionAnswering",
+      "input_ids": ids.tolist(), "start_logits": start.tolist(),
+      "end_logits": end.tolist()}))
+  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
+  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
+                         str(tmp_path / "expected.json")],
+                        capture_output=True, text=True, timeout=600,
+                        stdin=subprocess.DEVNULL)
+  assert done.returncode == 0, done.stderr[-4000:]

@@ -37,8 +37,9 @@ def main(out, expected_npz, expected_json):
   hidden_err = float(np.abs(hidden[valid] - ref["last_hidden_state"][valid]).max())
   assert hidden_err < 1e-4, f"hidden states differ by {hidden_err}"
 
-  if want.get("head") == "classifier":
-    check_classifier(out, want, kwargs)
+  if want.get("head") in ("classifier", "qa"):
+    (check_classifier if want["head"] == "classifier" else check_span_head)(
+        out, want, kwargs)
     print(json.dumps({"transformers": transformers.__version__,
                       "torch": torch.__version__, "hidden_err": hidden_err}))
     return
@@ -93,6 +94,22 @@ def check_classifier(out, want, kwargs):
                                    **kwargs)
   label = classify(want["sentence"])[0]["label"]
   assert label == want["label"], f"pipeline says {label}, the JAX model {want['label']}"
+
+
+def check_span_head(out, want, kwargs):
+  """A SQuAD export: AutoModelForQuestionAnswering gives the JAX start and end
+  logits on the given windows' real tokens."""
+  model = transformers.AutoModelForQuestionAnswering.from_pretrained(
+      out, **kwargs).eval()
+  assert type(model).__name__ == want["model_class"], type(model).__name__
+  ids = torch.tensor(want["input_ids"])
+  valid = (ids != 0).numpy()
+  with torch.no_grad():
+    got = model(input_ids=ids, attention_mask=(ids != 0).long())
+  for name in ("start_logits", "end_logits"):
+    err = float(np.abs(getattr(got, name).numpy()[valid]
+                       - np.asarray(want[name])[valid]).max())
+    assert err < 1e-4, f"{name} differ by {err}"
 
 
 if __name__ == "__main__":

@@ -128,15 +128,19 @@ def _flatten(prefix: str, tree: dict, out: dict) -> dict:
   return out
 
 
-def _classifier(head) -> dict:
-  """A fine-tuning run's ClassificationHead -> the `classifier` of transformers'
-  *ForSequenceClassification (RoBERTa's names: dense, out_proj)."""
-  return {"dense": _dense(head["dense"]), "out_proj": _dense(head["out"])}
+def _finetuned_head(head) -> dict:
+  """A fine-tuning run's head -> transformers' names: the ClassificationHead is
+  *ForSequenceClassification's `classifier` (dense, out_proj), SQuAD's span
+  head *ForQuestionAnswering's `qa_outputs`."""
+  if "span_head" in head:
+    return {"qa_outputs": _dense(head["span_head"])}
+  return {"classifier": {"dense": _dense(head["dense"]), "out_proj": _dense(head["out"])}}
 
 
-def maelm_tensors(params, model_cfg, with_lm_head: bool, classifier=None) -> dict:
+def maelm_tensors(params, model_cfg, with_lm_head: bool, head=None) -> dict:
   """State dict of `modeling_maelm.MaelmModel` (or `MaelmForMaskedLM`, or with
-  a fine-tuned `classifier` head, `MaelmForSequenceClassification`)."""
+  a fine-tuning run's `head`, `MaelmForSequenceClassification` or
+  `MaelmForQuestionAnswering`)."""
   import numpy as np
   from maelm_jax.modeling import relative_position
   enc = params["encoder"]
@@ -171,14 +175,15 @@ def maelm_tensors(params, model_cfg, with_lm_head: bool, classifier=None) -> dic
         "decoder": {"bias": head["bias"]}}}
     if not model_cfg.tie_embeddings:
       tree["lm_head"]["decoder"]["weight"] = head["embedding"]
-  elif classifier is not None:
-    tree = {"maelm": tree, "classifier": _classifier(classifier)}
+  elif head is not None:
+    tree = {"maelm": tree, **_finetuned_head(head)}
   return _flatten("", tree, {})
 
 
-def roberta_tensors(params, model_cfg, with_lm_head: bool, classifier=None) -> dict:
+def roberta_tensors(params, model_cfg, with_lm_head: bool, head=None) -> dict:
   """State dict of transformers' `RobertaModel` (or `RobertaForMaskedLM`, or
-  with a fine-tuned `classifier` head, `RobertaForSequenceClassification`).
+  with a fine-tuning run's `head`, `RobertaForSequenceClassification` or
+  `RobertaForQuestionAnswering`).
 
   RoBERTa numbers positions from `pad_token_id + 1` (= 1 here), so our position
   p is its row p + 1; row 0 (padding) is zero, as is the single token-type row.
@@ -213,8 +218,8 @@ def roberta_tensors(params, model_cfg, with_lm_head: bool, classifier=None) -> d
         "bias": head["bias"], "decoder": {"bias": head["bias"]}}}
     if not model_cfg.tie_embeddings:
       tree["lm_head"]["decoder"]["weight"] = head["embedding"]
-  elif classifier is not None:
-    tree = {"roberta": tree, "classifier": _classifier(classifier)}
+  elif head is not None:
+    tree = {"roberta": tree, **_finetuned_head(head)}
   return _flatten("", tree, {})
 
 
@@ -222,16 +227,27 @@ def classifier_config(task, pooling: str) -> dict:
   """transformers' keys for a GLUE task's head: labels (the task's own label
   strings), regression for STS-B, and maelm's pooling."""
   if task.is_regression:
-    return dict(num_labels=1, problem_type="regression", pooling=pooling)
-  return dict(num_labels=len(task.labels), problem_type="single_label_classification",
+    return dict(head="classifier", num_labels=1, problem_type="regression",
+                pooling=pooling)
+  return dict(head="classifier", num_labels=len(task.labels),
+              problem_type="single_label_classification",
               id2label=dict(enumerate(task.labels)),
               label2id={label: i for i, label in enumerate(task.labels)},
               pooling=pooling)
 
 
-def hf_config(kind: str, model_cfg, with_lm_head: bool, classifier: dict | None = None
+QA_CONFIG = {"head": "qa", "pooling": "cls"}  # SQuAD's span head (pools nothing).
+_FINETUNED_CLASS = {"classifier": "ForSequenceClassification",
+                    "qa": "ForQuestionAnswering"}
+
+
+def hf_config(kind: str, model_cfg, with_lm_head: bool, finetuned: dict | None = None
               ) -> dict:
-  """config.json; `classifier`: `classifier_config` of a fine-tuned head."""
+  """config.json; `finetuned`: `classifier_config` or `QA_CONFIG` of a
+  fine-tuned head."""
+  architecture_of = lambda prefix: (
+      prefix + _FINETUNED_CLASS[finetuned["head"]] if finetuned else
+      prefix + ("ForMaskedLM" if with_lm_head else "Model"))
   common = dict(
       vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden,
       num_hidden_layers=model_cfg.num_layers,
@@ -240,25 +256,25 @@ def hf_config(kind: str, model_cfg, with_lm_head: bool, classifier: dict | None 
       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
       pad_token_id=0, bos_token_id=2, eos_token_id=3,
       tie_word_embeddings=model_cfg.tie_embeddings, torch_dtype="float32")
-  if classifier is not None:
-    common.update({k: v for k, v in classifier.items() if k != "pooling"})
+  if finetuned is not None:
+    common.update({k: v for k, v in finetuned.items() if k not in ("pooling", "head")})
   if kind == "roberta":
-    assert classifier is None or classifier["pooling"] == "cls", classifier
+    assert finetuned is None or finetuned["pooling"] == "cls", finetuned
     return dict(common, model_type="roberta",
-                architectures=["RobertaForSequenceClassification" if classifier else
-                               "RobertaForMaskedLM" if with_lm_head else "RobertaModel"],
+                architectures=[architecture_of("Roberta")],
                 max_position_embeddings=model_cfg.max_positions + 1,
                 type_vocab_size=1, hidden_act="gelu",
                 position_embedding_type="absolute")
   return dict(common, model_type="maelm",
-              architectures=["MaelmForSequenceClassification" if classifier else
-                             "MaelmForMaskedLM" if with_lm_head else "MaelmModel"],
+              architectures=[architecture_of("Maelm")],
               auto_map={"AutoConfig": "configuration_maelm.MaelmConfig",
                         "AutoModel": "modeling_maelm.MaelmModel",
                         "AutoModelForMaskedLM": "modeling_maelm.MaelmForMaskedLM",
                         "AutoModelForSequenceClassification":
-                            "modeling_maelm.MaelmForSequenceClassification"},
-              pooling=(classifier or {}).get("pooling", "cls"),
+                            "modeling_maelm.MaelmForSequenceClassification",
+                        "AutoModelForQuestionAnswering":
+                            "modeling_maelm.MaelmForQuestionAnswering"},
+              pooling=(finetuned or {}).get("pooling", "cls"),
               max_position_embeddings=model_cfg.max_positions,
               ln_type=model_cfg.ln_type,
               relative_position_bias=model_cfg.relative_position_bias,
@@ -393,10 +409,10 @@ def write_tokenizer(tokenizer_path: str, out: str, max_length: int) -> None:
 
 
 def reference_outputs(model_cfg, params, tokenizer, head=None,
-                      classifier: dict | None = None) -> dict:
+                      finetuned: dict | None = None) -> dict:
   """Token ids of REFERENCE_TEXTS as fine-tuning encodes them, and the float32
   last hidden states of the JAX encoder; with a fine-tuned `head`, also the
-  classifier's `logits`."""
+  classifier's `logits` or the span head's `start_logits` and `end_logits`."""
   import jax.numpy as jnp
   import numpy as np
   from maelm_jax.modeling import model as model_lib
@@ -417,20 +433,28 @@ def reference_outputs(model_cfg, params, tokenizer, head=None,
   out = {"input_ids": input_ids.astype(np.int64),
          "attention_mask": (input_ids != tokenizer.pad_id).astype(np.int64),
          "last_hidden_state": np.asarray(hidden, np.float32)}
-  if head is not None:
+  backbone = model_lib.encoder_params(params)
+  if head is not None and finetuned["head"] == "qa":
     from maelm_jax.finetune import heads  # pylint: disable=g-import-not-at-top
-    model = heads.SequenceClassifier(cfg, classifier["num_labels"],
-                                     pooling=classifier["pooling"])
-    logits = model.apply({"params": {"backbone": model_lib.encoder_params(params),
-                                     "head": head}}, jnp.asarray(input_ids))
+    start, end = heads.SpanExtractor(cfg).apply(
+        {"params": {"backbone": backbone, **head}}, jnp.asarray(input_ids))
+    out["start_logits"] = np.asarray(start, np.float32)
+    out["end_logits"] = np.asarray(end, np.float32)
+  elif head is not None:
+    from maelm_jax.finetune import heads  # pylint: disable=g-import-not-at-top
+    model = heads.SequenceClassifier(cfg, finetuned["num_labels"],
+                                     pooling=finetuned["pooling"])
+    logits = model.apply({"params": {"backbone": backbone, "head": head}},
+                         jnp.asarray(input_ids))
     out["logits"] = np.asarray(logits, np.float32)
   return out
 
 
 def load_finetuned(workdir: str, run_config: dict, step: int | None):
-  """(Pretrained, GLUE task, head params) of a GLUE fine-tuning workdir: its
-  encoder's shape and tokenizer come from the pretraining run it started from
-  (`init_from`), its parameters from its own checkpoint, layers unrolled."""
+  """(Pretrained, GLUE task or None for SQuAD, head params) of a fine-tuning
+  workdir: its encoder's shape and tokenizer come from the pretraining run it
+  started from (`init_from`), its parameters from its own checkpoint, layers
+  unrolled."""
   from maelm_jax.finetune import glue_data  # pylint: disable=g-import-not-at-top
   from maelm_jax.modeling import param_layout  # pylint: disable=g-import-not-at-top
   from maelm_jax.run import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
@@ -446,6 +470,8 @@ def load_finetuned(workdir: str, run_config: dict, step: int | None):
   if param_layout.is_scanned(backbone):
     backbone = param_layout.params_for(backbone, False)
   pretrained.params = backbone
+  if run_config["mode"] == "squad":
+    return pretrained, None, {"span_head": params["span_head"]}
   return pretrained, glue_data.get_task(run_config["task"]), params["head"]
 
 
@@ -473,17 +499,19 @@ def _finetuned(workdir: str, run_config: dict) -> str:
   score = (f"{main} {results[main]:.4f} at the last epoch (best epoch "
            f"{results['best']['epoch']}: {results['best'][main]:.4f})"
            if main in results else "not recorded")
-  return (f"| fine-tuned | GLUE {run_config['task']}, from `{run_config['init_from']}`; "
-          f"learning rate {run_config['learning_rate']}, {run_config['num_epochs']} "
-          f"epochs, seed {run_config['seed']}, {run_config.get('pooling', 'cls')} pooling |\n"
-          f"| dev results | {score} |\n")
+  what = (f"SQuAD v{run_config['version']}" if run_config["mode"] == "squad" else
+          f"GLUE {run_config['task']}, {run_config.get('pooling', 'cls')} pooling")
+  return (f"| fine-tuned | {what}, from `{run_config['init_from']}`; learning rate "
+          f"{run_config['learning_rate']}, {run_config['num_epochs']} epochs, seed "
+          f"{run_config['seed']} |\n| dev results | {score} |\n")
 
 
 def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool,
                run_config: dict | None = None) -> str:
   cfg, config = pretrained.model_cfg, pretrained.config
   run_config = run_config or {}
-  finetuned = run_config.get("mode") == "glue"
+  mode = run_config.get("mode", "pretrain")
+  finetuned = mode != "pretrain"
   pretraining_workdir = run_config["init_from"] if finetuned else workdir
   num_params = sum(v.size for v in _flatten("", model_params(pretrained.params),
                                             {}).values())
@@ -497,10 +525,15 @@ def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool,
   remote = "" if kind == "roberta" else ", trust_remote_code=True"
   decoder = ("none (MLM)" if cfg.decoder_type == "none" else
              f"{cfg.decoder_type}-attention, {cfg.decoder_layers} layers: not exported")
-  task = ("text-classification" if finetuned else
+  task = ("question-answering" if mode == "squad" else
+          "text-classification" if finetuned else
           "fill-mask" if with_lm_head else "feature-extraction")
-  auto = ("AutoModelForSequenceClassification" if finetuned else
+  auto = ("AutoModelForQuestionAnswering" if mode == "squad" else
+          "AutoModelForSequenceClassification" if finetuned else
           "AutoModelForMaskedLM" if with_lm_head else "AutoModel")
+  example = ('question="Where did she go?", context="She went to Paris by train."'
+             if mode == "squad" else '"The cat sat on the [MASK]."' if with_lm_head
+             else '"A sentence."')
   return f"""---
 library_name: transformers
 license: apache-2.0
@@ -521,14 +554,14 @@ Pretrained with maelm-jax (JAX/Flax) and exported by
 | data | {_corpus(pretraining_workdir, config.data.source)} |
 | steps | {pretrained.step} of {config.total_steps}, batch {config.batch_size} x {config.seq_len} tokens |
 | held-out | {score} |
-| head | {"the fine-tuned classifier" if finetuned else "the MLM head (fill-mask)" if with_lm_head else "none: the encoder only"} |
+| head | {"the fine-tuned span head" if mode == "squad" else "the fine-tuned classifier" if finetuned else "the MLM head (fill-mask)" if with_lm_head else "none: the encoder only"} |
 {_finetuned(workdir, run_config) if finetuned else ""}| license | Apache-2.0, as maelm-jax; the pretraining data's own terms apply to what was learned from it |
 
 ```python
 from transformers import {auto}, AutoTokenizer, pipeline
 tokenizer = AutoTokenizer.from_pretrained(DIR{remote})
 model = {auto}.from_pretrained(DIR{remote})
-print(pipeline("{task}", model=DIR{remote})("{"The cat sat on the [MASK]." if with_lm_head else "A sentence."}"))
+print(pipeline("{task}", model=DIR{remote})({example}))
 ```
 
 Tested with transformers 4.57 and 5.x (PyTorch) by maelm-jax's test suite.
@@ -567,13 +600,9 @@ def export(workdir: str, out: str, *, step: int | None = None,
   with open(config_path) as f:
     run_config = json.load(f)
   mode = run_config.get("mode", "pretrain")
-  if mode == "squad":
-    raise ValueError(f"{workdir} is a SQuAD fine-tuning run, whose export "
-                     "(*ForQuestionAnswering) is not written yet; export the "
-                     f"pretraining run it started from ({run_config.get('init_from')})")
-  if mode == "glue" and with_lm_head:
-    raise ValueError(f"--with_lm_head: {workdir} is a fine-tuned classifier, which has "
-                     "no LM head; drop --with_lm_head")
+  if mode != "pretrain" and with_lm_head:
+    raise ValueError(f"--with_lm_head: {workdir} is a fine-tuned {mode} model, which "
+                     "has no LM head; drop --with_lm_head")
   if mode == "pretrain" and with_lm_head and run_config["model"].get(
       "decoder_type", "none") != "none":
     raise ValueError(
@@ -588,16 +617,17 @@ def export(workdir: str, out: str, *, step: int | None = None,
   if step is not None and step not in steps:
     raise ValueError(f"--step={step}: {workdir} has checkpoints at steps {steps}")
 
-  head, classifier = None, None
-  if mode == "glue":
+  head, finetuned = None, None
+  if mode != "pretrain":
     pretrained, task, head = load_finetuned(workdir, run_config, step)
-    classifier = classifier_config(task, run_config.get("pooling", "cls"))
+    finetuned = (QA_CONFIG if task is None else
+                 classifier_config(task, run_config.get("pooling", "cls")))
   else:
     pretrained = pretrained_lib.load_pretrained(workdir, encoder_only=not with_lm_head,
                                              step=step, scan_layers=False)
   cfg = pretrained.model_cfg
   # RoBERTa's classifier reads the first token: a mean-pooled one is remote code.
-  kind = architecture(cfg) if (classifier or {}).get("pooling", "cls") == "cls" else "maelm"
+  kind = architecture(cfg) if (finetuned or {}).get("pooling", "cls") == "cls" else "maelm"
   params = pretrained.params if with_lm_head else model_params(pretrained.params)
   tensors = (roberta_tensors if kind == "roberta" else maelm_tensors)(
       params, cfg, with_lm_head, head)
@@ -610,14 +640,14 @@ def export(workdir: str, out: str, *, step: int | None = None,
     save_file(tensors, os.path.join(tmp, "model.safetensors"),
               metadata={"format": "pt"})
     with open(os.path.join(tmp, workdir_lib.HF_CONFIG_FILE), "w") as f:
-      json.dump(hf_config(kind, cfg, with_lm_head, classifier), f, indent=2)
+      json.dump(hf_config(kind, cfg, with_lm_head, finetuned), f, indent=2)
     if kind == "maelm":
       for name in REMOTE_CODE_FILES:
         shutil.copyfile(HF_MODELING_DIR / name, os.path.join(tmp, name))
     write_tokenizer(pretrained.tokenizer.path, tmp, cfg.max_positions)
     np.savez(os.path.join(tmp, "reference_outputs.npz"),
              **reference_outputs(cfg, pretrained.params, pretrained.tokenizer, head,
-                                 classifier))
+                                 finetuned))
     with open(os.path.join(tmp, "README.md"), "w") as f:
       f.write(model_card(kind, pretrained, workdir, with_lm_head, run_config))
     with open(os.path.join(tmp, MARKER), "w") as f:

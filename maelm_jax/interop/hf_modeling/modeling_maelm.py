@@ -18,6 +18,7 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import (BaseModelOutput, MaskedLMOutput,
+                                           QuestionAnsweringModelOutput,
                                            SequenceClassifierOutput)
 
 from .configuration_maelm import MaelmConfig
@@ -293,3 +294,33 @@ class MaelmForSequenceClassification(MaelmPreTrainedModel):
         loss = F.cross_entropy(logits, labels.view(-1))
     return SequenceClassifierOutput(loss=loss, logits=logits,
                                     hidden_states=out.hidden_states)
+
+
+class MaelmForQuestionAnswering(MaelmPreTrainedModel):
+  """Encoder + the span head of a SQuAD fine-tuning run: a start and an end
+  logit per token (padding gets -inf, as in maelm-jax)."""
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.maelm = MaelmModel(config)
+    self.qa_outputs = nn.Linear(config.hidden_size, 2)
+    self.post_init()
+
+  def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+              start_positions=None, end_positions=None, output_hidden_states=None,
+              return_dict=None, **kwargs):
+    if attention_mask is None:
+      attention_mask = input_ids != self.config.pad_token_id
+    out = self.maelm(input_ids, attention_mask, position_ids,
+                     output_hidden_states=output_hidden_states)
+    logits = self.qa_outputs(out.last_hidden_state)
+    logits = logits.masked_fill(~attention_mask.bool()[..., None],
+                                torch.finfo(logits.dtype).min)
+    start_logits, end_logits = logits[..., 0], logits[..., 1]
+    loss = None
+    if start_positions is not None and end_positions is not None:
+      loss = (F.cross_entropy(start_logits, start_positions)
+              + F.cross_entropy(end_logits, end_positions)) / 2
+    return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits,
+                                        end_logits=end_logits,
+                                        hidden_states=out.hidden_states)
