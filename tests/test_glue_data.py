@@ -498,3 +498,16 @@ def test_shared_glue_files_read_completely(shared_data):
       str(shared_data / "glue" / "diagnostic" / "diagnostic.tsv"))
   assert len(diagnostic) == 1_104
   assert [e.index for e in diagnostic] == list(range(1_104))
+
+
+def test_the_shipped_sst2_sample_reads_as_sst2(tmp_path):
+  """The quickstart's offline sample: SST-2's files and format, both labels in
+  about equal shares, the same sentences for the same seed."""
+  root = glue_data.write_sample_sst2(str(tmp_path / "a"), num_train=400, num_dev=50)
+  data = glue_data.GlueData(glue_data.get_task("sst2"), "tsv", root)
+  data.check_files()
+  train, dev = data.train(), data.dev(data.task.eval_splits[0])
+  assert (len(train), len(dev)) == (400, 50)
+  assert 0.4 < np.mean([e.label for e in train]) < 0.6
+  again = glue_data.write_sample_sst2(str(tmp_path / "b"), num_train=400, num_dev=50)
+  assert as_pairs(glue_data.GlueData(data.task, "tsv", again).train()) == as_pairs(train)

@@ -329,6 +329,48 @@ def examples_of_records(task: GlueTask, split: str, records) -> list[GlueExample
 
 
 # --------------------------------------------------------------------------
+# A sample in SST-2's format, for trying the fine-tuning path offline.
+
+_SAMPLE_WORDS = {
+    1: ("good", "great", "moving", "funny", "charming", "gripping", "beautiful",
+        "clever", "warm", "delightful"),
+    0: ("bad", "dull", "boring", "flat", "clumsy", "tedious", "ugly", "lazy",
+        "cold", "forgettable")}
+_SAMPLE_SUBJECTS = ("the film", "the story", "the acting", "the script", "the ending",
+                    "the music", "this movie", "the cast", "the director's work",
+                    "the dialogue")
+_SAMPLE_TEMPLATES = ("{subject} is {adverb} {word} .", "{subject} was {word} .",
+                     "what a {word} film .", "{subject} felt {adverb} {word} to me .",
+                     "i found {subject} {word} and {adverb} {other} .")
+_SAMPLE_ADVERBS = ("very", "quite", "really", "rather", "truly", "surprisingly")
+
+
+def write_sample_sst2(root: str, num_train: int = 4000, num_dev: int = 400,
+                      seed: int = 0) -> str:
+  """Writes `root/SST-2/{train,dev}.tsv`: templated sentences in SST-2's format
+  and labels (1 positive), for running the fine-tuning path offline (the
+  quickstart notebook). A sample, not SST-2: its accuracy says the mechanics
+  work, nothing about a model. Returns `root`."""
+  rng = np.random.default_rng(seed)
+  directory = os.path.join(root, "SST-2")
+  os.makedirs(directory, exist_ok=True)
+  for name, count in (("train.tsv", num_train), ("dev.tsv", num_dev)):
+    rows = ["sentence\tlabel"]
+    for _ in range(count):
+      label = int(rng.integers(2))
+      words = _SAMPLE_WORDS[label]
+      template = _SAMPLE_TEMPLATES[rng.integers(len(_SAMPLE_TEMPLATES))]
+      rows.append(template.format(
+          subject=_SAMPLE_SUBJECTS[rng.integers(len(_SAMPLE_SUBJECTS))],
+          adverb=_SAMPLE_ADVERBS[rng.integers(len(_SAMPLE_ADVERBS))],
+          word=words[rng.integers(len(words))], other=words[rng.integers(len(words))])
+          + f"\t{label}")
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+      f.write("\n".join(rows) + "\n")
+  return root
+
+
+# --------------------------------------------------------------------------
 # One task's data, from either source.
 
 
