@@ -291,9 +291,12 @@ def test_mistakes_are_refused_before_anything_is_written(tmp_path):
   with pytest.raises(FileExistsError, match="not an earlier export"):
     export_hf.export(str(workdir), str(theirs))
   assert os.listdir(theirs) == ["notes.txt"]
-  # The MAE-LM head reads the decoder, which is never exported.
-  with pytest.raises(ValueError, match="decoder is not exported"):
-    export_hf.export(str(workdir), str(tmp_path / "x"), with_lm_head=True)
+  # A fine-tuned model has no LM head to export.
+  finetuned = tmp_path / "glue_run"
+  finetuned.mkdir()
+  (finetuned / "config.json").write_text(json.dumps({"mode": "glue", "task": "rte"}))
+  with pytest.raises(ValueError, match="fine-tuned glue model, which has no LM head"):
+    export_hf.export(str(finetuned), str(tmp_path / "x"), with_lm_head=True)
   with pytest.raises(ValueError, match=r"checkpoints at steps \[2\]"):
     export_hf.export(str(workdir), str(tmp_path / "x"), step=7)
   assert not (tmp_path / "x").exists()
@@ -501,6 +504,97 @@ def test_a_squad_export_loads_in_transformers5(squad_exports, tmp_path):
       "remote": True, "head": "qa", "model_class": "MaelmForQuestionAnswering",
       "input_ids": ids.tolist(), "start_logits": start.tolist(),
       "end_logits": end.tolist()}))
+  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
+  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
+                         str(tmp_path / "expected.json")],
+                        capture_output=True, text=True, timeout=600,
+                        stdin=subprocess.DEVNULL)
+  assert done.returncode == 0, done.stderr[-4000:]
+
+
+# ------------------------------------------- MAE-LM's and 3ML's decoder --
+
+
+@pytest.fixture(scope="module")
+def decoder_exports(tmp_path_factory):
+  """A MAE-LM (self-attention decoder) and a 3ML (cross-attention decoder) run,
+  exported with their decoder and LM head."""
+  root = tmp_path_factory.mktemp("decoders")
+  exports = {}
+  for name, overrides in (("maelm", {"objective": "maelm"}),
+                          ("3ml", {"objective": "3ml", "model.decoder_type": "cross"})):
+    workdir = pretrain(root / name, **overrides)
+    assert export_hf.export(str(workdir), str(root / f"{name}_hf"),
+                            with_lm_head=True) == "maelm"
+    exports[name] = (workdir, root / f"{name}_hf")
+  return exports
+
+
+def jax_decoder_logits(workdir, ids, slots):
+  """The JAX pretraining model's logits at `slots` of the row `ids`, the slots
+  removed before the encoder as in pretraining."""
+  from maelm_jax.evaluate import blimp  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import masking  # pylint: disable=g-import-not-at-top
+  p = pretrained_lib.load_pretrained(str(workdir), encoder_only=False)
+  cfg = p.model_cfg.__class__(**{**p.model_cfg.__dict__, "dtype": jnp.float32})
+  ids = np.asarray([ids])
+  masked = np.asarray([sorted(slots)])
+  fields = blimp.copies_as_masks(ids, masked, cfg.drop_masked, cfg.mask_id)
+  fields.update(selected_positions=masked.astype(np.int32),
+                selected_weights=np.ones(masked.shape, np.float32),
+                targets=np.zeros(masked.shape, np.int32))
+  masks = masking.Masks(**{k: jnp.asarray(v) for k, v in fields.items()})
+  return np.asarray(model_lib.MaskedLM(cfg).apply({"params": p.params}, masks))[0]
+
+
+@pytest.mark.parametrize("name", ["maelm", "3ml"])
+def test_a_decoder_exports_and_fills_masks_as_the_jax_model(decoder_exports, name):
+  """AutoModelForMaskedLM of an MAE-LM / 3ML export: at the [MASK] slots its
+  logits are the JAX pretraining model's (the slots removed before the encoder,
+  the decoder over them) within 1e-4, with one [MASK] and with two; the
+  fill-mask pipeline ranks the JAX model's top predictions."""
+  workdir, out = decoder_exports[name]
+  model = transformers.AutoModelForMaskedLM.from_pretrained(
+      out, trust_remote_code=True).eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+  for text in (FILL_MASK_TEXT, "The [MASK] returns a list of the [MASK] values."):
+    ids = tokenizer(text)["input_ids"]
+    slots = [i for i, t in enumerate(ids) if t == 4]
+    with torch.no_grad():
+      logits = model(input_ids=torch.tensor([ids])).logits.numpy()[0]
+    np.testing.assert_allclose(logits[slots], jax_decoder_logits(workdir, ids, slots),
+                               atol=1e-4, rtol=0)
+  ids = tokenizer(FILL_MASK_TEXT)["input_ids"]
+  slot = jax_decoder_logits(workdir, ids, [ids.index(4)])[0].astype(np.float64)
+  probs = np.exp(slot - slot.max())
+  probs /= probs.sum()
+  fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out),
+                               trust_remote_code=True, top_k=5)
+  assert_fill_mask_is_the_jax_model(
+      fill(FILL_MASK_TEXT), {"top_k": 5, "probs": probs.tolist(),
+                             "top_probs": np.sort(probs)[::-1][:5].tolist()})
+  assert "exported with the LM head" in (out / "README.md").read_text()
+
+
+def test_a_decoder_export_fills_masks_in_transformers5(decoder_exports, tmp_path):
+  python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
+  if not os.path.exists(python):
+    if TRANSFORMERS5_PYTHON:
+      pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
+    pytest.skip(f"no transformers 5.x environment at {python}")
+  workdir, out = decoder_exports["3ml"]
+  ids = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)(
+      FILL_MASK_TEXT)["input_ids"]
+  slot = jax_decoder_logits(workdir, ids, [ids.index(4)])[0].astype(np.float64)
+  probs = np.exp(slot - slot.max())
+  probs /= probs.sum()
+  np.savez(tmp_path / "expected.npz", **np.load(out / "reference_outputs.npz"))
+  ours = tokenizer_lib.Tokenizer(os.path.join(workdir, "tokenizer.model"))
+  (tmp_path / "expected.json").write_text(json.dumps({
+      "remote": True, "head": "decoder", "model_class": "MaelmForMaskedLM",
+      "texts": TRICKY_TEXTS, "ids": [[2, *ours.encode_one(t), 3] for t in TRICKY_TEXTS],
+      "fill_mask": {"text": FILL_MASK_TEXT, "top_k": 5, "probs": probs.tolist(),
+                    "top_probs": np.sort(probs)[::-1][:5].tolist()}}))
   script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
   done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
                          str(tmp_path / "expected.json")],

@@ -143,36 +143,39 @@ def maelm_tensors(params, model_cfg, with_lm_head: bool, head=None) -> dict:
   `MaelmForQuestionAnswering`)."""
   import numpy as np
   from maelm_jax.modeling import relative_position
-  enc = params["encoder"]
+  n = model_cfg.max_positions
+  # The buckets the JAX model uses, stored exactly (a float32 log on another
+  # library could round a bucket boundary the other way).
+  buckets = np.asarray(relative_position.bucket(np.arange(-(n - 1), n), model_cfg),
+                       np.int64)
+
+  def stack(p, num_layers):
+    """A Stack (encoder or decoder): `modeling_maelm.MaelmEncoder`'s names."""
+    out = {"position_embed": {"weight": p["position_embed"]["embedding"]}}
+    for name in ("input_ln", "final_ln"):
+      if name in p:
+        out[name] = _ln(p[name])
+    for name in ("relative_bias", "cross_relative_bias"):
+      if name in p:
+        out[name] = {"table": p[name]["table"], "buckets": buckets}
+    out["layers"] = {}
+    for i in range(num_layers):
+      layer = p[f"layer_{i}"]
+      out["layers"][str(i)] = {
+          name: ({k: _dense(layer[name][k]) for k in layer[name]}
+                 if name.endswith("attn") or name == "mlp" else _ln(layer[name]))
+          for name in layer}
+    return out
+
   tree = {"token_embed": {"weight": params["token_embed"]["embedding"]},
-          "encoder": {"position_embed": {"weight": enc["position_embed"]["embedding"]}}}
-  e = tree["encoder"]
-  if "input_ln" in enc:
-    e["input_ln"] = _ln(enc["input_ln"])
-  if "final_ln" in enc:
-    e["final_ln"] = _ln(enc["final_ln"])
-  if model_cfg.relative_position_bias:
-    n = model_cfg.max_positions
-    # The buckets the JAX model uses, stored exactly (a float32 log on another
-    # library could round a bucket boundary the other way).
-    buckets = relative_position.bucket(np.arange(-(n - 1), n), model_cfg)
-    e["relative_bias"] = {"table": enc["relative_bias"]["table"],
-                          "buckets": np.asarray(buckets, np.int64)}
-  e["layers"] = {}
-  for i in range(model_cfg.num_layers):
-    layer = enc[f"layer_{i}"]
-    e["layers"][str(i)] = {
-        "self_attn": {name: _dense(layer["self_attn"][name])
-                      for name in ("query", "key", "value", "out")},
-        "self_attn_ln": _ln(layer["self_attn_ln"]),
-        "mlp": {name: _dense(layer["mlp"][name]) for name in ("wi", "wo")},
-        "mlp_ln": _ln(layer["mlp_ln"]),
-    }
+          "encoder": stack(params["encoder"], model_cfg.num_layers)}
   if with_lm_head:
     head = params["lm_head"]
     tree = {"maelm": tree, "lm_head": {
         "dense": _dense(head["dense"]), "ln": _ln(head["ln"]),
         "decoder": {"bias": head["bias"]}}}
+    if model_cfg.decoder_type != "none":
+      tree["decoder"] = stack(params["decoder"], model_cfg.decoder_layers)
     if not model_cfg.tie_embeddings:
       tree["lm_head"]["decoder"]["weight"] = head["embedding"]
   elif head is not None:
@@ -275,6 +278,12 @@ def hf_config(kind: str, model_cfg, with_lm_head: bool, finetuned: dict | None =
                         "AutoModelForQuestionAnswering":
                             "modeling_maelm.MaelmForQuestionAnswering"},
               pooling=(finetuned or {}).get("pooling", "cls"),
+              mask_token_id=model_cfg.mask_id,
+              **(dict(decoder_type=model_cfg.decoder_type,
+                      decoder_layers=model_cfg.decoder_layers,
+                      decoder_relative_position_bias=(
+                          model_cfg.decoder_relative_position_bias))
+                 if with_lm_head and model_cfg.decoder_type != "none" else {}),
               max_position_embeddings=model_cfg.max_positions,
               ln_type=model_cfg.ln_type,
               relative_position_bias=model_cfg.relative_position_bias,
@@ -524,7 +533,9 @@ def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool,
            f"loss {ev['eval/mask_loss']:.3f}" if ev else "not recorded")
   remote = "" if kind == "roberta" else ", trust_remote_code=True"
   decoder = ("none (MLM)" if cfg.decoder_type == "none" else
-             f"{cfg.decoder_type}-attention, {cfg.decoder_layers} layers: not exported")
+             f"{cfg.decoder_type}-attention, {cfg.decoder_layers} layers: "
+             + ("exported with the LM head (fill-mask reads it)" if with_lm_head
+                else "not exported"))
   task = ("question-answering" if mode == "squad" else
           "text-classification" if finetuned else
           "fill-mask" if with_lm_head else "feature-extraction")
@@ -603,12 +614,6 @@ def export(workdir: str, out: str, *, step: int | None = None,
   if mode != "pretrain" and with_lm_head:
     raise ValueError(f"--with_lm_head: {workdir} is a fine-tuned {mode} model, which "
                      "has no LM head; drop --with_lm_head")
-  if mode == "pretrain" and with_lm_head and run_config["model"].get(
-      "decoder_type", "none") != "none":
-    raise ValueError(
-        f"--with_lm_head: the LM head of this {run_config['model']['objective']} run "
-        "reads its decoder's output, and the decoder is not exported; export the "
-        "encoder alone (drop --with_lm_head), or use an MLM run")
   steps = sorted(s for s, d in checkpoints.step_dirs(workdir).items()
                  if checkpoints.is_committed(d))
   if not steps:
@@ -626,8 +631,12 @@ def export(workdir: str, out: str, *, step: int | None = None,
     pretrained = pretrained_lib.load_pretrained(workdir, encoder_only=not with_lm_head,
                                              step=step, scan_layers=False)
   cfg = pretrained.model_cfg
-  # RoBERTa's classifier reads the first token: a mean-pooled one is remote code.
-  kind = architecture(cfg) if (finetuned or {}).get("pooling", "cls") == "cls" else "maelm"
+  # RoBERTa's classifier reads the first token: a mean-pooled one is remote code;
+  # so is a pretraining decoder (MAE-LM, 3ML).
+  kind = architecture(cfg)
+  if ((finetuned or {}).get("pooling", "cls") != "cls"
+      or (with_lm_head and cfg.decoder_type != "none")):
+    kind = "maelm"
   params = pretrained.params if with_lm_head else model_params(pretrained.params)
   tensors = (roberta_tensors if kind == "roberta" else maelm_tensors)(
       params, cfg, with_lm_head, head)

@@ -29,7 +29,10 @@ class MaelmConfig(PretrainedConfig):
                 relative_position_bias=True, relative_buckets=32,
                 relative_max_distance=128, untie_cls_position=True,
                 layer_norm_eps=1e-5, objective="maelm",
-                pooling="cls")  # A fine-tuned classifier's: "cls" or "mean".
+                pooling="cls",  # A fine-tuned classifier's: "cls" or "mean".
+                # The pretraining decoder (MAE-LM, 3ML), exported --with_lm_head.
+                decoder_type="none", decoder_layers=0,
+                decoder_relative_position_bias=False, mask_token_id=4)
 
   def __init__(self, tie_word_embeddings=True, pad_token_id=0, bos_token_id=2,
                eos_token_id=3, **kwargs):

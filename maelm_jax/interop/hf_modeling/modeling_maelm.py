@@ -56,12 +56,14 @@ class MaelmRelativeBias(nn.Module):
     self.max_positions = n
     self.untie_cls_position = getattr(config, "untie_cls_position", True)
 
-  def forward(self, positions):
-    """positions [B, n] -> additive bias [B, heads, n, n]."""
-    rel = positions[:, None, :] - positions[:, :, None]  # key - query
-    bias = self.table[self.buckets[rel + self.max_positions - 1]]  # [B, n, n, H]
+  def forward(self, positions, key_positions=None):
+    """positions [B, n] (and keys' [B, m], default the same) -> additive bias
+    [B, heads, n, m]."""
+    keys = positions if key_positions is None else key_positions
+    rel = keys[:, None, :] - positions[:, :, None]  # key - query
+    bias = self.table[self.buckets[rel + self.max_positions - 1]]  # [B, n, m, H]
     if self.untie_cls_position:  # Position 0 ([CLS]): content alone (TUPE).
-      untied = (positions[:, :, None] == 0) | (positions[:, None, :] == 0)
+      untied = (positions[:, :, None] == 0) | (keys[:, None, :] == 0)
       bias = bias.masked_fill(untied[..., None], 0.0)
     return bias.permute(0, 3, 1, 2)
 
@@ -75,13 +77,15 @@ class MaelmAttention(nn.Module):
     self.head_dim = d // self.num_heads
     self.query, self.key, self.value, self.out = (nn.Linear(d, d) for _ in range(4))
 
-  def forward(self, x, bias):
-    b, n, _ = x.shape
-    split = lambda t: t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+  def forward(self, x, bias, memory=None):
+    """Self-attention, or with `memory` [B, m, D], attention to it."""
+    kv = x if memory is None else memory
+    split = lambda t: t.view(t.shape[0], t.shape[1], self.num_heads,
+                             self.head_dim).transpose(1, 2)
     q = split(self.query(x)) / math.sqrt(self.head_dim)
-    k, v = split(self.key(x)), split(self.value(x))
+    k, v = split(self.key(kv)), split(self.value(kv))
     probs = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1)
-    out = (probs @ v).transpose(1, 2).reshape(b, n, -1)
+    out = (probs @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
     return self.out(out)
 
 
@@ -97,28 +101,37 @@ class MaelmMlp(nn.Module):
 
 
 class MaelmLayer(nn.Module):
+  """Self-attention, optional cross-attention (3ML's cross decoder), MLP."""
 
-  def __init__(self, config):
+  def __init__(self, config, cross_attention=False):
     super().__init__()
     eps = config.layer_norm_eps
     self.pre = config.ln_type == "pre"
     self.self_attn = MaelmAttention(config)
     self.self_attn_ln = nn.LayerNorm(config.hidden_size, eps=eps)
+    if cross_attention:
+      self.cross_attn = MaelmAttention(config)
+      self.cross_attn_ln = nn.LayerNorm(config.hidden_size, eps=eps)
     self.mlp = MaelmMlp(config)
     self.mlp_ln = nn.LayerNorm(config.hidden_size, eps=eps)
 
-  def forward(self, x, bias):
-    if self.pre:
-      x = x + self.self_attn(self.self_attn_ln(x), bias)
-      return x + self.mlp(self.mlp_ln(x))
-    x = self.self_attn_ln(x + self.self_attn(x, bias))
-    return self.mlp_ln(x + self.mlp(x))
+  def _sublayer(self, x, fn, ln):
+    return x + fn(ln(x)) if self.pre else ln(x + fn(x))
+
+  def forward(self, x, bias, memory=None, cross_bias=None):
+    x = self._sublayer(x, lambda h: self.self_attn(h, bias), self.self_attn_ln)
+    if hasattr(self, "cross_attn"):
+      x = self._sublayer(x, lambda h: self.cross_attn(h, cross_bias, memory),
+                         self.cross_attn_ln)
+    return self._sublayer(x, self.mlp, self.mlp_ln)
 
 
 class MaelmEncoder(nn.Module):
-  """maelm_jax.model.Stack without cross-attention (the encoder)."""
+  """maelm_jax.model.Stack: the encoder, or (with `num_layers`, its own relative
+  bias and cross-attention) the MAE-LM / 3ML decoder."""
 
-  def __init__(self, config):
+  def __init__(self, config, num_layers=None, relative_position_bias=None,
+               cross_attention=False):
     super().__init__()
     eps = config.layer_norm_eps
     self.pre = config.ln_type == "pre"
@@ -126,23 +139,33 @@ class MaelmEncoder(nn.Module):
                                        config.hidden_size)
     if not self.pre:
       self.input_ln = nn.LayerNorm(config.hidden_size, eps=eps)
-    if config.relative_position_bias:
+    if (config.relative_position_bias if relative_position_bias is None
+        else relative_position_bias):
       self.relative_bias = MaelmRelativeBias(config)
-    self.layers = nn.ModuleList(MaelmLayer(config)
-                                for _ in range(config.num_hidden_layers))
+      if cross_attention:
+        self.cross_relative_bias = MaelmRelativeBias(config)
+    self.layers = nn.ModuleList(
+        MaelmLayer(config, cross_attention)
+        for _ in range(config.num_hidden_layers if num_layers is None else num_layers))
     if self.pre:
       self.final_ln = nn.LayerNorm(config.hidden_size, eps=eps)
 
-  def forward(self, x, positions, valid, output_hidden_states=False):
+  def forward(self, x, positions, valid, output_hidden_states=False, memory=None,
+              memory_valid=None, memory_positions=None):
     x = x + self.position_embed(positions)
     if not self.pre:
       x = self.input_ln(x)
     bias = torch.where(valid, 0.0, NEG_INF)[:, None, None, :].to(x.dtype)
     if hasattr(self, "relative_bias"):
       bias = bias + self.relative_bias(positions)
+    cross_bias = None
+    if memory is not None:  # Queries and memory share the sequence's positions.
+      cross_bias = torch.where(memory_valid, 0.0, NEG_INF)[:, None, None, :].to(x.dtype)
+      if hasattr(self, "cross_relative_bias"):
+        cross_bias = cross_bias + self.cross_relative_bias(positions, memory_positions)
     hidden_states = [x]
     for layer in self.layers:
-      x = layer(x, bias)
+      x = layer(x, bias, memory, cross_bias)
       hidden_states.append(x)
     if self.pre:
       x = self.final_ln(x)
@@ -216,8 +239,27 @@ class MaelmLMHead(nn.Module):
     return self.decoder(self.ln(F.gelu(self.dense(x))))
 
 
+def _pack(keep):
+  """Per row, the indices of the positions where `keep` [B, L] holds, in order,
+  left-packed to the longest row: (indices [B, n], valid [B, n])."""
+  order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+  n = int(keep.sum(1).max()) if keep.numel() else 0
+  index = order[:, :n]
+  return index, keep.gather(1, index)
+
+
 class MaelmForMaskedLM(MaelmPreTrainedModel):
-  """Encoder + the MLM head of an MLM run (predicts the token at every position)."""
+  """Encoder + the pretraining head: an MLM run's LM head (predicts the token at
+  every position), or an MAE-LM / 3ML run's decoder and LM head.
+
+  With a decoder, as in pretraining: the `[MASK]` positions of `input_ids` are
+  removed before the encoder, which reads the other tokens at their original
+  positions; the decoder gets the encoder's outputs back at their slots and the
+  `[MASK]` embedding at the removed ones (`decoder_type` "self"), or the `[MASK]`
+  slots alone, attending to the encoder's outputs ("cross"). The logits at the
+  `[MASK]` positions are the model's predictions; at the others they are the LM
+  head applied to the decoder's input (self: its output) and predict nothing
+  the model was trained for."""
 
   # transformers 5 reads a mapping {tied weight: its source}; 4.x iterates the
   # keys, so the same mapping serves both (a list breaks 5.x's post_init).
@@ -226,6 +268,12 @@ class MaelmForMaskedLM(MaelmPreTrainedModel):
   def __init__(self, config):
     super().__init__(config)
     self.maelm = MaelmModel(config)
+    self.decoder_type = getattr(config, "decoder_type", "none")
+    if self.decoder_type != "none":
+      self.decoder = MaelmEncoder(
+          config, num_layers=config.decoder_layers,
+          relative_position_bias=config.decoder_relative_position_bias,
+          cross_attention=self.decoder_type == "cross")
     self.lm_head = MaelmLMHead(config)
     self.post_init()
 
@@ -235,8 +283,39 @@ class MaelmForMaskedLM(MaelmPreTrainedModel):
   def set_output_embeddings(self, value):
     self.lm_head.decoder = value
 
+  def _decode(self, input_ids, attention_mask):
+    """Logits [B, L, V] through the decoder (see the class docstring)."""
+    real = (input_ids != self.config.pad_token_id if attention_mask is None
+            else attention_mask.bool())
+    masked = real & (input_ids == self.config.mask_token_id)
+    index, valid = _pack(real & ~masked)
+    enc_ids = input_ids.gather(1, index).masked_fill(~valid, self.config.pad_token_id)
+    enc = self.maelm(enc_ids, valid, position_ids=index).last_hidden_state
+    embed = self.maelm.token_embed.weight[self.config.mask_token_id]
+    full = embed.expand(input_ids.shape[0], input_ids.shape[1], -1).clone()
+    full[real & ~masked] = enc[valid]  # Row order: both keep the original order.
+    if self.decoder_type == "self":
+      positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+      hidden, _ = self.decoder(full, positions.expand(input_ids.shape), real)
+      return self.lm_head(hidden)
+    logits = self.lm_head(full)
+    slots, slot_valid = _pack(masked)
+    if slots.shape[1]:
+      queries = full.gather(1, slots[..., None].expand(-1, -1, full.shape[-1]))
+      hidden, _ = self.decoder(queries, slots, slot_valid, memory=enc,
+                               memory_valid=valid, memory_positions=index)
+      logits[masked] = self.lm_head(hidden)[slot_valid]
+    return logits
+
   def forward(self, input_ids=None, attention_mask=None, position_ids=None,
               labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+    if self.decoder_type != "none":
+      logits = self._decode(input_ids, attention_mask)
+      loss = None
+      if labels is not None:
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
+                               ignore_index=-100)
+      return MaskedLMOutput(loss=loss, logits=logits)
     out = self.maelm(input_ids, attention_mask, position_ids,
                      output_hidden_states=output_hidden_states)
     logits = self.lm_head(out.last_hidden_state)
