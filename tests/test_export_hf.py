@@ -126,6 +126,13 @@ def check_export(out, workdir, model_class, remote):
   assert [i for i in range(1, len(words) - 1) if words[i] != words[i - 1]] == starts
   batch = hf_tok(["short", "a somewhat longer sentence"], padding=True)
   assert batch["input_ids"][0][-1] == 0 and set(batch) == {"input_ids", "attention_mask"}
+  # transformers' feature-extraction pipeline: the hidden states of the model.
+  features = transformers.pipeline("feature-extraction", model=str(out),
+                                   tokenizer=str(out), **kwargs)("A sentence.")
+  ids = hf_tok.func("A sentence.", return_tensors="pt")
+  with torch.no_grad():
+    hidden = model(**ids).last_hidden_state.numpy()[0]
+  np.testing.assert_allclose(np.asarray(features)[0], hidden, atol=1e-5)
   return model
 
 
