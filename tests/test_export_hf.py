@@ -253,17 +253,36 @@ DEFAULT_TRANSFORMERS5_PYTHON = os.path.join(
     "transformers5", "bin", "python")
 
 
-@pytest.mark.parametrize("kind", ["mlm_export", "roberta_export"])
-def test_exports_load_in_transformers5(kind, request, tmp_path):
-  """Both kinds of export in transformers 5.x: hidden states, MLM logits (the tied
-  head still one tensor) and tokenizer ids. A list-valued `_tied_weights_keys`
-  broke 5.x's post_init for the remote-code kind."""
+def transformers5_python() -> str:
+  """The python of the transformers 5.x environment `make test` builds; skips
+  the test without one (fails where MAELM_TRANSFORMERS5_PYTHON names a missing one)."""
   python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
   if not os.path.exists(python):
     if TRANSFORMERS5_PYTHON:
       pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
     pytest.skip(f"no transformers 5.x environment at {python}; `make test` "
                 "builds it (or set MAELM_TRANSFORMERS5_PYTHON)")
+  return python
+
+
+def run_transformers5_check(python, out, tmp_path):
+  """tests/transformers5_check.py on the export `out` against tmp_path's
+  expected.npz and expected.json; returns the finished process."""
+  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
+  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
+                         str(tmp_path / "expected.json")],
+                        capture_output=True, text=True, timeout=600,
+                        stdin=subprocess.DEVNULL)
+  assert done.returncode == 0, done.stderr[-4000:]
+  return done
+
+
+@pytest.mark.parametrize("kind", ["mlm_export", "roberta_export"])
+def test_exports_load_in_transformers5(kind, request, tmp_path):
+  """Both kinds of export in transformers 5.x: hidden states, MLM logits (the tied
+  head still one tensor) and tokenizer ids. A list-valued `_tied_weights_keys`
+  broke 5.x's post_init for the remote-code kind."""
+  python = transformers5_python()
   workdir, out = request.getfixturevalue(kind)
   ref = np.load(out / "reference_outputs.npz")
   _, logits = jax_outputs(workdir, ref["input_ids"])
@@ -278,12 +297,7 @@ def test_exports_load_in_transformers5(kind, request, tmp_path):
       "texts": TRICKY_TEXTS,
       "ids": [[2, *ours.encode_one(t), 3] for t in TRICKY_TEXTS],
       "fill_mask": fill_mask_expected(workdir, out)}))
-  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
-  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
-                         str(tmp_path / "expected.json")],
-                        capture_output=True, text=True, timeout=600,
-                        stdin=subprocess.DEVNULL)
-  assert done.returncode == 0, done.stderr[-4000:]
+  done = run_transformers5_check(python, out, tmp_path)
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result["transformers"].startswith("5.")
   assert result["hidden_err"] < 1e-4 and result["logits_err"] < 1e-4
@@ -401,11 +415,7 @@ def test_a_finetuned_classifier_exports_to_sequence_classification(finetuned_exp
 
 def test_a_finetuned_classifier_export_loads_in_transformers5(finetuned_exports,
                                                               tmp_path):
-  python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
-  if not os.path.exists(python):
-    if TRANSFORMERS5_PYTHON:
-      pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
-    pytest.skip(f"no transformers 5.x environment at {python}")
+  python = transformers5_python()
   workdir, out, data = finetuned_exports["maelm"]
   rows, jax_logits, examples = jax_classifier(workdir, data)
   ref = np.load(out / "reference_outputs.npz")
@@ -416,12 +426,7 @@ def test_a_finetuned_classifier_export_loads_in_transformers5(finetuned_exports,
       "input_ids": rows.tolist(), "logits": jax_logits.tolist(),
       "predictions": jax_logits.argmax(-1).tolist(),
       "sentence": examples[0].texts[0], "label": str(int(jax_logits[0].argmax()))}))
-  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
-  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
-                         str(tmp_path / "expected.json")],
-                        capture_output=True, text=True, timeout=600,
-                        stdin=subprocess.DEVNULL)
-  assert done.returncode == 0, done.stderr[-4000:]
+  done = run_transformers5_check(python, out, tmp_path)
   assert json.loads(done.stdout.strip().splitlines()[-1])["hidden_err"] < 1e-4
 
 
@@ -499,11 +504,7 @@ def test_a_squad_run_exports_to_question_answering(squad_exports, name):
 
 
 def test_a_squad_export_loads_in_transformers5(squad_exports, tmp_path):
-  python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
-  if not os.path.exists(python):
-    if TRANSFORMERS5_PYTHON:
-      pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
-    pytest.skip(f"no transformers 5.x environment at {python}")
+  python = transformers5_python()
   workdir, out, eval_file = squad_exports["maelm"]
   ids, start, end = jax_span_logits(workdir, eval_file)
   np.savez(tmp_path / "expected.npz", **np.load(out / "reference_outputs.npz"))
@@ -511,12 +512,7 @@ def test_a_squad_export_loads_in_transformers5(squad_exports, tmp_path):
       "remote": True, "head": "qa", "model_class": "MaelmForQuestionAnswering",
       "input_ids": ids.tolist(), "start_logits": start.tolist(),
       "end_logits": end.tolist()}))
-  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
-  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
-                         str(tmp_path / "expected.json")],
-                        capture_output=True, text=True, timeout=600,
-                        stdin=subprocess.DEVNULL)
-  assert done.returncode == 0, done.stderr[-4000:]
+  run_transformers5_check(python, out, tmp_path)
 
 
 # ------------------------------------------- MAE-LM's and 3ML's decoder --
@@ -584,11 +580,7 @@ def test_a_decoder_exports_and_fills_masks_as_the_jax_model(decoder_exports, nam
 
 
 def test_a_decoder_export_fills_masks_in_transformers5(decoder_exports, tmp_path):
-  python = TRANSFORMERS5_PYTHON or DEFAULT_TRANSFORMERS5_PYTHON
-  if not os.path.exists(python):
-    if TRANSFORMERS5_PYTHON:
-      pytest.fail(f"MAELM_TRANSFORMERS5_PYTHON={python} does not exist")
-    pytest.skip(f"no transformers 5.x environment at {python}")
+  python = transformers5_python()
   workdir, out = decoder_exports["3ml"]
   ids = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)(
       FILL_MASK_TEXT)["input_ids"]
@@ -602,9 +594,4 @@ def test_a_decoder_export_fills_masks_in_transformers5(decoder_exports, tmp_path
       "texts": TRICKY_TEXTS, "ids": [[2, *ours.encode_one(t), 3] for t in TRICKY_TEXTS],
       "fill_mask": {"text": FILL_MASK_TEXT, "top_k": 5, "probs": probs.tolist(),
                     "top_probs": np.sort(probs)[::-1][:5].tolist()}}))
-  script = os.path.join(os.path.dirname(__file__), "transformers5_check.py")
-  done = subprocess.run([python, script, str(out), str(tmp_path / "expected.npz"),
-                         str(tmp_path / "expected.json")],
-                        capture_output=True, text=True, timeout=600,
-                        stdin=subprocess.DEVNULL)
-  assert done.returncode == 0, done.stderr[-4000:]
+  run_transformers5_check(python, out, tmp_path)
