@@ -517,11 +517,9 @@ def main() -> None:
   print(format_markdown(summary, FLAGS.tasks))
 
 
-def console() -> None:
-  """`python -m` and the maelm-compare command (setup.py's console scripts)."""
-  cli.run(main, _define_flags, stopped="the running run saved; the same command "
-          "resumes")
-
+# `python -m` and the maelm-compare command (setup.py's console scripts).
+console = cli.command(main, _define_flags,
+                      stopped="the running run saved; the same command resumes")
 
 if __name__ == "__main__":
   console()

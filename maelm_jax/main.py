@@ -91,10 +91,8 @@ def main() -> None:
       sys.exit(130)
 
 
-def console() -> None:
-  """`python -m` and the maelm-pretrain and maelm-finetune command (setup.py's console scripts)."""
-  cli.run(main, define_flags)
-
+# `python -m` and the maelm-pretrain and maelm-finetune command (setup.py's console scripts).
+console = cli.command(main, define_flags)
 
 if __name__ == "__main__":
   console()

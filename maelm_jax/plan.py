@@ -696,10 +696,8 @@ def main() -> int:
   return status
 
 
-def console() -> None:
-  """`python -m` and the maelm-plan command (setup.py's console scripts)."""
-  cli.run(main, define_flags)
-
+# `python -m` and the maelm-plan command (setup.py's console scripts).
+console = cli.command(main, define_flags)
 
 if __name__ == "__main__":
   console()

@@ -183,11 +183,9 @@ def main() -> None:
   run_sweep(config_file, FLAGS.sweep_dir, overrides)
 
 
-def console() -> None:
-  """`python -m` and the maelm-sweep command (setup.py's console scripts)."""
-  cli.run(main, _define_flags, stopped="the running run saved; the same command "
-          "resumes the sweep")
-
+# `python -m` and the maelm-sweep command (setup.py's console scripts).
+console = cli.command(main, _define_flags, stopped="the running run saved; the same "
+                      "command resumes the sweep")
 
 if __name__ == "__main__":
   console()

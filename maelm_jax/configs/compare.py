@@ -77,10 +77,8 @@ def get_config(arg=None):
   if a.size == "tiny":  # As measured on 2 CPU cores (benchmarks/RESULTS.md).
     config.model.dtype = "float32"
     config.batch_size = 32
-  config.eval_every = 500
-  config.eval_batches = 10
-  config.checkpoint_every = 500
-  config.log_every = 100
+  # Every run's cadence: evaluate and save every 500 steps, log every 100.
+  config.update(eval_every=500, eval_batches=10, checkpoint_every=500, log_every=100)
   config.lock()
   return config
 

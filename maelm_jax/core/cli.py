@@ -102,6 +102,13 @@ def _define_verbose() -> None:
                       "maelm_jax reports in a line (bad config, input or workdir).")
 
 
+def command(main: Callable, define_flags: Callable[[], None] | None = None,
+            **options) -> Callable[[], None]:
+  """The command as a function of no arguments (`run` with these arguments):
+  what `python -m` calls and setup.py's console scripts name."""
+  return lambda: run(main, define_flags, **options)
+
+
 def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
         positional: str = "", stopped: str = "") -> None:
   """Defines the command's flags and `--verbose`, parses the command line and

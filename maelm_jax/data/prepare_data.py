@@ -638,11 +638,9 @@ def main() -> None:
         f"--config.data.source=arrayrecord:{FLAGS.out}")
 
 
-def console() -> None:
-  """`python -m` and the maelm-prepare command (setup.py's console scripts)."""
-  cli.run(main, _define_flags,
-          stopped="finished shards are kept, and the same command resumes")
-
+# `python -m` and the maelm-prepare command (setup.py's console scripts).
+console = cli.command(main, _define_flags,
+                      stopped="finished shards are kept, and the same command resumes")
 
 if __name__ == "__main__":
   console()

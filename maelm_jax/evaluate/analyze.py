@@ -335,10 +335,8 @@ def main():
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {PLOT_FILE}")
 
 
-def console() -> None:
-  """`python -m` and the maelm-analyze command (setup.py's console scripts)."""
-  cli.run(main, _define_flags)
-
+# `python -m` and the maelm-analyze command (setup.py's console scripts).
+console = cli.command(main, _define_flags)
 
 if __name__ == "__main__":
   console()

@@ -557,10 +557,8 @@ def main():
         f"{PLOT_FILE}")
 
 
-def console() -> None:
-  """`python -m` and the maelm-blimp command (setup.py's console scripts)."""
-  cli.run(main, _define_flags)
-
+# `python -m` and the maelm-blimp command (setup.py's console scripts).
+console = cli.command(main, _define_flags)
 
 if __name__ == "__main__":
   console()

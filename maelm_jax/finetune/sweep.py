@@ -306,11 +306,9 @@ def main():
   print(f"\nreport: {os.path.join(os.path.abspath(FLAGS.sweep_dir), 'report.md')}")
 
 
-def console() -> None:
-  """`python -m` and the maelm-finetune-sweep command (setup.py's console scripts)."""
-  cli.run(main, _define_flags, stopped="the running run saved; the same command "
-          "goes on from it")
-
+# `python -m` and the maelm-finetune-sweep command (setup.py's console scripts).
+console = cli.command(main, _define_flags, stopped="the running run saved; the same "
+                      "command goes on from it")
 
 if __name__ == "__main__":
   console()

@@ -702,10 +702,8 @@ def main():
         f"  AutoModel.from_pretrained({out!r}{remote})")
 
 
-def console() -> None:
-  """`python -m` and the maelm-export command (setup.py's console scripts)."""
-  cli.run(main, _define_flags)
-
+# `python -m` and the maelm-export command (setup.py's console scripts).
+console = cli.command(main, _define_flags)
 
 if __name__ == "__main__":
   console()

@@ -268,10 +268,8 @@ def main():
         f"--config.init_from={os.path.abspath(f.workdir)} --workdir=W_sst2")
 
 
-def console() -> None:
-  """`python -m` and the maelm-import-fairseq command (setup.py's console scripts)."""
-  cli.run(main, _define_flags)
-
+# `python -m` and the maelm-import-fairseq command (setup.py's console scripts).
+console = cli.command(main, _define_flags)
 
 if __name__ == "__main__":
   console()

@@ -429,10 +429,8 @@ def main():
                f"(tolerance {PARITY_TOLERANCE}); please report it with the line above")
 
 
-def console() -> None:
-  """`python -m` and the maelm-import command (setup.py's console scripts)."""
-  cli.run(main, _define_flags)
-
+# `python -m` and the maelm-import command (setup.py's console scripts).
+console = cli.command(main, _define_flags)
 
 if __name__ == "__main__":
   console()
