@@ -74,7 +74,11 @@ def detokenize_ptb(text: str) -> str:
 def write_detokenized(glue_dir: str, out: str) -> list[pathlib.Path]:
   """SST-2's train.tsv and dev.tsv under `glue_dir`, detokenized, into `out`/SST-2."""
   task = glue_data.TASKS["sst2"]
-  source = pathlib.Path(glue_data.resolve_task_dir(task, glue_dir))
+  directory, layout = glue_data.resolve_task_dir(task, glue_dir)
+  if layout != "tsv":
+    raise ValueError(f"{directory} holds SST-2 as {layout}; this study rewrites the "
+                     "TSVs of download_glue_data.py")
+  source = pathlib.Path(directory)
   target = pathlib.Path(out) / "SST-2"
   target.mkdir(parents=True, exist_ok=True)
   written = []
