@@ -2,6 +2,9 @@
 from setuptools import find_packages, setup
 
 TPU = "jax[tpu]; platform_system == 'Linux' and platform_machine == 'x86_64'"
+# gs:// workdirs (maelm_jax/core/storage.py): gcsfs is the file layer orbax's
+# etils.epath uses for gs://, google-cloud-storage takes the workdir's lease.
+GCS = ["gcsfs>=2024.2.0", "fsspec>=2024.2.0", "google-cloud-storage>=2.14"]
 
 setup(
     name="maelm_jax",
@@ -50,7 +53,9 @@ setup(
         # python -m maelm_jax.plan: libtpu compiles the run's step for TPU chips on
         # any Linux x86-64 host (the only platform it is built for), pinned by
         # jax's own `tpu` extra to the libtpu of the installed jax.
-        "tpu": [TPU],
+        "tpu": [TPU, *GCS],
+        # Workdirs in a bucket, on any machine (`--workdir=gs://BUCKET/PATH`).
+        "gcs": GCS,
         # NVIDIA GPUs: jax's CUDA wheels (CUDA 12 or 13, as the driver allows).
         "cuda12": ["jax[cuda12]"],
         "cuda13": ["jax[cuda13]"],
@@ -65,7 +70,8 @@ setup(
         # nbclient/ipykernel run notebooks/quickstart.ipynb in a real kernel.
         # import-linter checks the package's layers (.importlinter).
         # scikit-learn: the GLUE metrics' parity test (scipy comes with jax).
-        "test": [TPU, "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5",
+        # gcp-storage-emulator: the gs:// tests' GCS, on 127.0.0.1.
+        "test": [TPU, *GCS, "gcp-storage-emulator>=2024.8", "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5",
                  "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  "scikit-learn>=1.4"],

@@ -12,8 +12,8 @@
 #                  N x D fake CPU devices behave like N hosts of D chips;
 #   gpu:           MAELM_LOCAL_DEVICE_IDS = GPUs i*D .. i*D+D-1 of this machine.
 # P is a free port unless --port is given. Each process logs to
-# <workdir>/logs/process_<i>.log (appended to; <workdir> from --workdir in the arguments, else
-# a new temporary directory); process 0 also streams to this terminal.
+# <workdir>/logs/process_<i>.log (appended to; <workdir> from --workdir in the arguments, else,
+# or for a gs:// workdir, a new temporary directory); process 0 also streams to this terminal.
 #
 # The launcher waits for all processes. If one fails it stops the others and
 # exits with that process's status, naming it. SIGTERM and SIGINT are forwarded
@@ -105,7 +105,7 @@ for ((k = 0; k < ${#main_args[@]}; k++)); do
   esac
 done
 
-if [[ -n "$workdir" ]]; then
+if [[ -n "$workdir" && "$workdir" != *://* ]]; then  # A bucket: logs stay here.
   log_dir="$workdir/logs"
 elif ((dry_run)); then
   log_dir="${TMPDIR:-/tmp}/maelm-local.XXXXXX"

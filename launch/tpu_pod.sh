@@ -19,7 +19,7 @@
 # Steps, each a gcloud command over all workers (--worker=all, in parallel):
 #   1. copy this repository (without .venv, workdirs, .git, caches) to ~/maelm-jax
 #      on every worker: a clean local copy, then `tpu-vm scp --recurse`;
-#   2. install it into the venv ~/maelm-venv: `pip install -e . "jax[tpu]"`, and
+#   2. install it into the venv ~/maelm-venv: `pip install -e '.[gcs]' "jax[tpu]"`, and
 #      jemalloc (`apt-get install libjemalloc2`, skipped where it is);
 #   3. run `python -m maelm_jax.main <arguments>` in ~/maelm-jax on every worker
 #      with MAELM_DISTRIBUTED=tpu, so that maelm_jax/run/distributed.py calls
@@ -33,14 +33,15 @@
 # returns, so a dropped ssh connection does not kill a long run.
 # --dry_run prints the exact commands and runs nothing on the workers.
 #
-# --workdir must be a filesystem every worker shares (a gcsfuse-mounted bucket,
-# Filestore/NFS): process 0 writes the tokenizer and metrics there and all
-# processes write their part of each checkpoint.
+# --workdir must be one every worker shares: gs://BUCKET/PATH (orbax writes the
+# checkpoints there directly), or a shared filesystem (Filestore/NFS, a
+# gcsfuse-mounted bucket). Process 0 writes the tokenizer and metrics there and
+# all processes write their part of each checkpoint.
 #
 # Example:
 #   launch/tpu_pod.sh --tpu=my-v4-32 --zone=us-central2-b -- \
 #       --config=configs/pretrain.py:objective=maelm,size=base \
-#       --workdir=/mnt/shared/maelm_base --config.batch_size=2048 \
+#       --workdir=gs://my-bucket/maelm_base --config.batch_size=2048 \
 #       --config.data.source=tfds:wikipedia/20230601.en \
 #       --config.data.tfds_data_dir=/mnt/shared/tensorflow_datasets
 set -euo pipefail
@@ -107,6 +108,8 @@ for ((k = 0; k < ${#main_args[@]}; k++)); do
 done
 if [[ -z "$workdir" ]]; then
   die "no --workdir in the arguments of maelm_jax.main"
+elif [[ "$workdir" == gs://* ]]; then
+  :  # A bucket: every worker reaches it.
 elif [[ "$workdir" != /* ]]; then
   # Relative means inside ~/$REMOTE_DIR, which the next launch deletes (step 1),
   # checkpoints included; and on each worker's own disk, not shared.
@@ -183,7 +186,7 @@ if ((detach)); then
 else
   run_cmd+=" ~/$REMOTE_VENV/bin/python -m maelm_jax.main ${args_q}"
 fi
-install_cmd="set -e; cd ~/$REMOTE_DIR; if [ ! -x ~/$REMOTE_VENV/bin/python ]; then python3 -m venv ~/$REMOTE_VENV || { sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv && python3 -m venv ~/$REMOTE_VENV; }; fi; ~/$REMOTE_VENV/bin/pip install -q -U pip; ~/$REMOTE_VENV/bin/pip install -q -e . 'jax[tpu]'"
+install_cmd="set -e; cd ~/$REMOTE_DIR; if [ ! -x ~/$REMOTE_VENV/bin/python ]; then python3 -m venv ~/$REMOTE_VENV || { sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv && python3 -m venv ~/$REMOTE_VENV; }; fi; ~/$REMOTE_VENV/bin/pip install -q -U pip; ~/$REMOTE_VENV/bin/pip install -q -e '.[gcs]' 'jax[tpu]'"
 if ((use_jemalloc)); then
   install_cmd+="; . launch/jemalloc.sh; jemalloc_library > /dev/null || sudo apt-get -qq install -y libjemalloc2 || { sudo apt-get -qq update && sudo apt-get -qq install -y libjemalloc2; } || echo 'jemalloc not installed: the run will use glibc malloc'"
 fi

@@ -46,7 +46,7 @@ from ml_collections import config_flags
 
 from maelm_jax.evaluate import analyze, blimp
 from maelm_jax.run import checkpoints, config_lib
-from maelm_jax.core import cli
+from maelm_jax.core import cli, storage
 from maelm_jax import sweep
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.finetune import glue_data, sweep as finetune_sweep
@@ -427,6 +427,7 @@ def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
             tasks=("sst2", "qnli", "cola"), num_tokens: int = 4096,
             blimp_dir: str = "", blimp_max_pairs: int = 0,
             blimp_curve_pairs: int = 0, command: str = "") -> dict:
+  storage.check_local(out, "--out")
   out = os.path.abspath(out)
   single_dev = [t.name for t in glue_data.TASKS.values()
                 if [e.tsv_file for e in t.eval_splits] == ["dev.tsv"]]

@@ -4,14 +4,13 @@
       --workdir=/tmp/maelm [--config.data.source=text:/data/*.txt] [--config.x=...]
 """
 
-import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from maelm_jax.run import host_memory
-from maelm_jax.core import cli, workdir as workdir_lib
+from maelm_jax.core import cli, storage, workdir as workdir_lib
 
 
 def define_flags() -> None:
@@ -24,7 +23,7 @@ def define_flags() -> None:
 
 def summary(workdir: str, last: dict) -> str:
   from maelm_jax.run import baselines, plots  # pylint: disable=g-import-not-at-top
-  workdir = os.path.abspath(workdir)
+  workdir = storage.absolute(workdir)
   lines = ["", "=" * 72, "Done."]
   if "eval/mask_accuracy" in last:
     lines += [
@@ -40,10 +39,10 @@ def summary(workdir: str, last: dict) -> str:
         f"{last['eval/loss']:.4f}, accuracy {last['eval/accuracy']:.2%}",
         f"  learning curve: {workdir}/{plots.FILENAME}"]
   lines += [
-      f"  metrics:     {workdir_lib.metrics_path(workdir)} (TensorBoard: "
+      f"  metrics:     {workdir}/{workdir_lib.METRICS_FILE} (TensorBoard: "
       f"{workdir}/tensorboard)",
       f"  checkpoints: {workdir}/checkpoints   tokenizer: {workdir}/tokenizer.model",
-      f"  config:      {workdir_lib.config_path(workdir)}",
+      f"  config:      {workdir}/{workdir_lib.CONFIG_FILE}",
       "The same command on other data (use a new --workdir):",
       "  your text:  --config.data.source='text:/path/to/*.txt'  (.gz .xz .jsonl too)",
       "  a tfds corpus: --config.data.source='tfds:wikipedia/20230601.en' "

@@ -39,7 +39,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from maelm_jax.run import checkpoints, config_lib
-from maelm_jax.core import cli, workdir as workdir_lib
+from maelm_jax.core import cli, storage, workdir as workdir_lib
 
 LAUNCHERS = ("local", "tpu_pod", "slurm")
 
@@ -97,6 +97,7 @@ def launch_commands(runs, config_file: str, sweep_dir: str, overrides: dict,
   """One shell command per run for launch/local.sh, tpu_pod.sh or slurm_gpu.sbatch."""
   if launcher not in LAUNCHERS:
     raise ValueError(f"--launch={launcher!r}: use one of {LAUNCHERS}")
+  storage.check_local(sweep_dir, "--sweep_dir")
   sweep_dir = os.path.abspath(sweep_dir)
   lines = []
   for index, run in enumerate(runs):
@@ -132,6 +133,7 @@ def run_state(run: dict, workdir: str) -> str:
 
 def run_sweep(config_file: str, sweep_dir: str, overrides: dict) -> list[dict]:
   """Runs every run not finished yet; returns the runs with their `workdir`."""
+  storage.check_local(sweep_dir, "--sweep_dir")
   runs = expand(config_file, overrides)
   stale, states = [], []
   for run in runs:

@@ -54,7 +54,7 @@ COMMAND = textwrap.dedent("""
     def main():
       what = flags.FLAGS.what
       if what == "user_error":  # Raised inside maelm_jax: said in one line.
-        workdir.create("gs://bucket/run")
+        workdir.create("s3://bucket/run")
       if what == "interrupt":
         raise KeyboardInterrupt
       if what == "status":
@@ -69,7 +69,7 @@ COMMAND = textwrap.dedent("""
     ([], 0, ""),
     (["--what=status"], 3, ""),
     (["--what=user_error"], 1,
-     "error: --workdir=gs://bucket/run: URLs are not supported"),
+     "error: s3://bucket/run: the workdir URLs served are gs://BUCKET/PATH"),
     (["--what=user_error", "--verbose"], 1, "Traceback (most recent call last)"),
     (["--what=interrupt"], 130, "stopped: nothing was lost; the same command resumes"),
     (["stray"], 1, "unexpected arguments: ['stray']"),

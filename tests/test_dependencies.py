@@ -57,11 +57,14 @@ def imported():
   return found
 
 
-def distribution(module: str) -> str:
-  names = importlib.metadata.packages_distributions().get(module)
+def distribution(module: str, declared_names=()) -> str:
+  """The distribution that provides `module`; for a namespace package that many
+  provide (`google`), the declared one among them."""
+  names = [n.lower().replace("_", "-")
+           for n in importlib.metadata.packages_distributions().get(module) or []]
   if not names:
     pytest.fail(f"{module} is imported but not installed")
-  return names[0].lower().replace("_", "-")
+  return next((n for n in names if n in declared_names), names[0])
 
 
 def test_setup_py_declares_what_the_package_imports():
@@ -70,13 +73,13 @@ def test_setup_py_declares_what_the_package_imports():
       r.split("[")[0] for r in requires.union(*extras.values())}
   problems = []
   for module, at_top in sorted(imported().items()):
-    dist = distribution(module)
+    dist = distribution(module, anywhere)
     if at_top and dist not in requires:
       problems.append(f"{module} ({dist}) is imported at module level but not in "
                       "install_requires")
     elif dist not in anywhere:
       problems.append(f"{module} ({dist}) is imported but in no requirement or extra")
-  used = {distribution(m) for m in imported()}
+  used = {distribution(m, anywhere) for m in imported()}
   problems += [f"install_requires has {d}, which no module imports"
                for d in sorted(requires - used)]
   assert not problems, "\n".join(problems)

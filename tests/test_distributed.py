@@ -432,7 +432,8 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   assert "--exclude=./.venv" in stage_line and "--exclude=./workdirs" in stage_line
   assert staged in stage_line
   install = gcloud[2][-1]
-  assert install.startswith("--command=") and "pip install -q -e . 'jax[tpu]'" in install
+  assert install.startswith("--command=")
+  assert "pip install -q -e '.[gcs]' 'jax[tpu]'" in install
   run = gcloud[3][-1]
   assert run.startswith("--command=")
   remote = shlex.split(run[len("--command="):])
@@ -455,6 +456,10 @@ def test_tpu_pod_relaunch_and_errors():
                       "--", f"--workdir={workdir}"])
     assert out.returncode == 2 and "deletes" in out.stderr, (workdir, out.stderr)
     assert out.stdout == ""  # Nothing printed to run.
+  # A bucket is every worker's: accepted, and passed on as it is.
+  out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--skip_plan", "--dry_run",
+                    "--", "--workdir=gs://b/run"])
+  assert out.returncode == 0 and "--workdir=gs://b/run" in out.stdout, out.stderr
   out = run_script([TPU_POD_SH, "--zone=z", "--dry_run", "--", "--workdir=/w"])
   assert out.returncode == 2 and "--tpu=NAME is required" in out.stderr
   out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--", "--config=c"])

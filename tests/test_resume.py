@@ -248,9 +248,9 @@ def test_missing_data_and_unwritable_workdir(tmp_path):
   not_a_directory.write_text("x")
   with pytest.raises(PermissionError, match="writable --workdir"):
     train.train_and_evaluate(tiny_config("maelm"), str(not_a_directory / "run"))
-  with pytest.raises(ValueError, match="mount the bucket"):
-    train.train_and_evaluate(tiny_config("maelm"), "gs://bucket/run")
-  assert not os.path.exists("gs:"), "nothing may be created for a URL workdir"
+  with pytest.raises(ValueError, match="URLs served are gs://BUCKET/PATH"):
+    train.train_and_evaluate(tiny_config("maelm"), "s3://bucket/run")
+  assert not os.path.exists("s3:"), "nothing may be created for a URL workdir"
 
 
 def test_corpus_smaller_than_a_batch(tmp_path, tokenizer_file):

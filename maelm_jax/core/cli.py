@@ -35,6 +35,7 @@ import os
 import pathlib
 import re
 import sys
+import traceback
 from typing import Callable
 
 from absl import app, flags, logging
@@ -71,19 +72,26 @@ def with_packaged_configs(argv: list[str]) -> list[str]:
   return out
 
 
+# What orbax's and asyncio's tracebacks say when a disk is full or a bucket
+# stopped answering (TensorStore's and aiohttp's words): the run says each in one
+# line (errors.DiskFull, errors.StoreUnreachable).
+SAID_IN_ONE_LINE = ("No space left on device", "Could not connect to server",
+                    "retry attempts failed", "Cannot connect to host")
+
+
 def _says_disk_full(record) -> bool:
   texts = [record.getMessage()]
   error = record.exc_info[1] if record.exc_info else None
   while error is not None and len(texts) < 20:
     texts.append(str(error))
     error = error.__cause__ or error.__context__
-  return any("No space left on device" in t for t in texts)
+  return any(phrase in t for t in texts for phrase in SAID_IN_ONE_LINE)
 
 
 class QuietLibraries(pylogging.Filter):
   """Orbax, grain and tfds log every file they touch at INFO; keep their warnings,
-  except the tracebacks of a full disk, which the run says in one line
-  (checkpoints.DiskFull): orbax's own, and asyncio's "Task exception was never
+  except the tracebacks of a full disk or a bucket gone, which the run says in
+  one line (SAID_IN_ONE_LINE): orbax's own, and asyncio's "Task exception was never
   retrieved" for orbax's other write coroutines that failed the same way (when
   the event loop's garbage collector gets to them first: timing-dependent)."""
 
@@ -94,6 +102,32 @@ class QuietLibraries(pylogging.Filter):
         and _says_disk_full(record)):
       return False
     return record.levelno >= pylogging.WARNING or not noisy
+
+
+def _closed_loop_noise(kind, error, trace) -> bool:
+  """A TensorStore callback that reached an event loop orbax has closed
+  (`Event loop is closed` in `call_soon_threadsafe`): hundreds of these
+  tracebacks once a bucket stops answering mid-save, while the run says what
+  happened in one line (errors.StoreUnreachable)."""
+  frames = traceback.extract_tb(trace) if trace is not None else []
+  return (kind is RuntimeError and str(error) == "Event loop is closed"
+          and bool(frames) and frames[0].name == "call_soon_threadsafe")
+
+
+def _quiet_closed_loops(hook):
+  """sys.excepthook without _closed_loop_noise."""
+  def quiet(kind, error, trace):
+    if not _closed_loop_noise(kind, error, trace):
+      hook(kind, error, trace)
+  return quiet
+
+
+def _quiet_closed_loops_unraisable(hook):
+  """sys.unraisablehook without _closed_loop_noise."""
+  def quiet(info):
+    if not _closed_loop_noise(info.exc_type, info.exc_value, info.exc_traceback):
+      hook(info)
+  return quiet
 
 
 def _define_verbose() -> None:
@@ -129,6 +163,8 @@ def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
     if positional and len(argv) < 2:
       raise app.UsageError(f"expected {positional}")
     logging.get_absl_handler().addFilter(QuietLibraries())
+    sys.excepthook = _quiet_closed_loops(sys.excepthook)
+    sys.unraisablehook = _quiet_closed_loops_unraisable(sys.unraisablehook)
     args = (argv[1:],) if positional else ()
     try:
       status = errors.one_line_errors(main, *args, verbose=flags.FLAGS.verbose)

@@ -22,11 +22,16 @@ class DiskFull(OSError):
   and needed, and that the same command resumes."""
 
 
+class StoreUnreachable(ConnectionError):
+  """A bucket workdir's store stopped answering; the message names the bucket,
+  says what is safe, and that the same command resumes."""
+
+
 # The types the project's own checks raise; raised from inside maelm_jax they are
 # a message for the user (what is wrong, the fix), not a bug.
 USER_ERROR_TYPES = (ValueError, FileNotFoundError, PermissionError, KeyError,
                     FloatingPointError, TimeoutError, IsADirectoryError,
-                    FileExistsError, RuntimeError, DiskFull)
+                    FileExistsError, RuntimeError, DiskFull, StoreUnreachable)
 
 
 def is_user_error(error: BaseException) -> bool:

@@ -14,6 +14,10 @@ config.json, metrics.jsonl, stop signal) is run_session.py.
 
 Only process 0 of a multi-process run takes the lock: the processes of one run
 share the workdir by design.
+
+A workdir in a bucket (`gs://`, storage.py) is locked by a lease instead
+(`Lease`): GCS has no flock, and a pod recreated after a preemption has new
+hostnames, so "the holder's pid is gone on this host" cannot tell a stale lock.
 """
 
 from __future__ import annotations
@@ -21,11 +25,17 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 
 from absl import logging
 
+from maelm_jax.core import storage
+
 LOCK_FILE = ".lock"
+# A bucket workdir's lease: renewed every third of it; a run whose holder went
+# silent waits at most this long to take it over.
+LEASE_SECONDS = 60.0
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 # transformers' name for a model's config (an export's, an import's source):
@@ -34,11 +44,12 @@ HF_CONFIG_FILE = "config.json"
 
 
 def config_path(workdir: str) -> str:
-  return os.path.join(workdir, CONFIG_FILE)
+  """The run's config.json (of a bucket workdir: in its mirror, storage.py)."""
+  return os.path.join(storage.local(workdir), CONFIG_FILE)
 
 
 def metrics_path(workdir: str) -> str:
-  return os.path.join(workdir, METRICS_FILE)
+  return os.path.join(storage.local(workdir), METRICS_FILE)
 
 
 def read_config(workdir: str) -> dict | None:
@@ -130,7 +141,14 @@ def _holder(path: str) -> dict:
 
 
 class Lock:
-  """`<workdir>/.lock`, created with O_EXCL so two runs cannot both take it."""
+  """`<workdir>/.lock`, created with O_EXCL so two runs cannot both take it; a
+  bucket workdir's (a URL or its mirror) is a `Lease`."""
+
+  def __new__(cls, workdir: str):
+    remote = storage.remote_of(workdir)
+    if remote is not None and cls is Lock:
+      return Lease(remote)
+    return super().__new__(cls)
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, LOCK_FILE)
@@ -187,12 +205,146 @@ class Lock:
     self.release()
 
 
+class Lease:
+  """`<gs workdir>/.lock`: an object created only where none exists (a
+  generation precondition, GCS's atomic create), renewed every quarter of
+  LEASE_SECONDS while the run lives, and deleted when it ends.
+
+  A run that finds a lease watches it: renewed, its holder lives (on any host)
+  and the run is refused, naming it; expired, it is taken over, again under a
+  precondition, so two runs racing for it cannot both win. A holder on this
+  host whose process is gone (kill -9) is known dead at once. So the same
+  command run again after a crash starts at once on the same host, and within
+  LEASE_SECONDS on a pod recreated after a preemption."""
+
+  def __init__(self, url: str):
+    self.url = storage.absolute(url)
+    self.path = f"{self.url}/{LOCK_FILE}"
+    self.seconds = float(os.environ.get("MAELM_LEASE_SECONDS", LEASE_SECONDS))
+    self._generation = None
+    self._stop = threading.Event()
+    self._renewer = None
+    self.lost = False
+
+  def _retry(self):
+    """The client's retries, bounded by a renewal period: a lease that cannot
+    be renewed in that long is better reported than waited on."""
+    from google.cloud.storage import retry  # pylint: disable=import-outside-toplevel
+    return retry.DEFAULT_RETRY.with_timeout(max(self.seconds / 4, 5.0))
+
+  def _blob(self):
+    from google.cloud import storage as gcs  # pylint: disable=import-outside-toplevel
+    storage.configure()
+    bucket, name = storage.bucket_and_name(self.path)
+    return gcs.Client().bucket(bucket).blob(name)
+
+  def _record(self) -> str:
+    now = time.time()
+    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                       "start_time": _start_time(os.getpid()), "since": self._since, "renewed": now,
+                       "expires": now + self.seconds})
+
+  def acquire(self) -> None:
+    from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
+    self._since = time.strftime("%Y-%m-%d %H:%M:%S")
+    blob = self._blob()
+    for _ in range(3):
+      try:
+        blob.upload_from_string(self._record(), if_generation_match=0)
+      except exceptions.PreconditionFailed:
+        holder = blob.bucket.get_blob(blob.name)
+        if holder is None:
+          continue  # Released in between: try again.
+        try:
+          record = json.loads(holder.download_as_text())
+        except ValueError:
+          record = {}
+        if not self._gone(holder, record):
+          raise WorkdirError(
+              f"{self.url} is in use by pid {record.get('pid')} on host "
+              f"{record.get('host')} (since {record.get('since')}; it renews its "
+              f"lease every {self.seconds / 4:.0f} s); wait for that run to end, or "
+              "pass another --workdir") from None
+        logging.warning("taking over the lease %s of a run that is gone (%s)",
+                        self.path, record or "unreadable")
+        try:
+          blob.upload_from_string(self._record(),
+                                  if_generation_match=holder.generation)
+        except exceptions.PreconditionFailed:
+          continue  # Another run took it first: look again.
+      self._generation = blob.generation
+      self._renewer = threading.Thread(target=self._renew, daemon=True,
+                                       name="maelm-lease")
+      self._renewer.start()
+      return
+    raise WorkdirError(f"could not take {self.path}: another run keeps taking it; "
+                       "pass another --workdir")
+
+  def _gone(self, holder, record: dict) -> bool:
+    """Whether the holder of the lease object `holder` is gone: its process on
+    this host is, or it lets the lease expire rather than renew it."""
+    if record.get("host") == socket.gethostname() and record.get("pid"):
+      if not _alive(int(record["pid"]), record.get("start_time")):
+        return True
+    expires = float(record.get("expires", 0))
+    if expires > time.time():
+      logging.info("%s is held by pid %s on host %s: watching its lease (taken over "
+                   "if it expires, refused if it is renewed)", self.url,
+                   record.get("pid"), record.get("host"))
+    while time.time() < expires:
+      time.sleep(min(max(self.seconds / 40, 0.1), expires - time.time() + 0.05))
+      now = holder.bucket.get_blob(holder.name)
+      if now is None or now.generation != holder.generation:
+        return now is None  # Released: gone; renewed: alive.
+    return True
+
+  def _renew(self) -> None:
+    from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
+    blob = self._blob()
+    while not self._stop.wait(self.seconds / 4):
+      try:
+        blob.upload_from_string(self._record(), if_generation_match=self._generation,
+                                retry=self._retry())
+        self._generation = blob.generation
+      except exceptions.PreconditionFailed:
+        self.lost = True
+        logging.error("the lease %s was taken by another run; this run's "
+                      "checkpoints may now be overwritten by it", self.path)
+        return
+      except Exception as error:  # pylint: disable=broad-except
+        logging.warning("renewing the lease %s failed (%s); trying again in %.0f s",
+                        self.path, str(error).splitlines()[0][:120], self.seconds / 4)
+
+  def release(self) -> None:
+    from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
+    self._stop.set()
+    if self._renewer is not None:
+      self._renewer.join()
+      self._renewer = None
+    if self._generation is not None and not self.lost:
+      try:
+        self._blob().delete(if_generation_match=self._generation, retry=self._retry())
+      except (exceptions.NotFound, exceptions.PreconditionFailed):
+        pass
+      except Exception as error:  # pylint: disable=broad-except
+        logging.warning("could not delete the lease %s (%s); it expires by itself "
+                        "in %.0f s", self.path, error, self.seconds)
+    self._generation = None
+
+  def __enter__(self):
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc):
+    self.release()
+
+
 def create(workdir: str) -> None:
-  """Creates `workdir` (local paths only) or checks that it is writable."""
-  if "://" in workdir:
-    raise ValueError(f"--workdir={workdir}: URLs are not supported (metrics, logs and "
-                     "the tokenizer are written with local file I/O); mount the bucket "
-                     "(e.g. gcsfuse) and pass the mounted path")
+  """Creates `workdir` or checks that it is writable (a bucket workdir: that
+  its mirror exists, storage.local)."""
+  if storage.is_remote(workdir):
+    storage.check(workdir)
+    return
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as error:
@@ -205,7 +357,8 @@ def create(workdir: str) -> None:
 
 def check_mode(workdir: str, mode: str, init_from: str = "") -> None:
   """Refuses a workdir that belongs to a run of another mode, before any write."""
-  if init_from and os.path.abspath(init_from) == os.path.abspath(workdir):
+  if init_from and storage.absolute(init_from) == storage.absolute(
+      storage.display(workdir)):
     raise WorkdirError(
         f"--workdir={workdir} is also --config.init_from: fine-tuning there would "
         "overwrite the pretraining run's config.json; pass a new --workdir (e.g. "

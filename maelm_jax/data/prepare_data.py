@@ -451,6 +451,12 @@ def _format_eta(seconds: float) -> str:
       f"{seconds // 60}m{seconds % 60:02d}s")
 
 
+# ArrayRecord's reader and writer (C++, riegeli) open local files only.
+NOT_IN_A_BUCKET = ("{what}: a prepared corpus is read and written with local file I/O "
+                   "(ArrayRecord opens local files only); use a local or mounted "
+                   "path (e.g. gcsfuse) for it. Workdirs can be gs:// paths")
+
+
 def prepare(spec: str, out: str, *, text_field: str = "text",
             tokenizer_path: str | None = None, workers: int = 1,
             on_bad_text: str = "warn", eval_fraction: float = 0.01,
@@ -463,6 +469,8 @@ def prepare(spec: str, out: str, *, text_field: str = "text",
                      f"{sources.BAD_TEXT_POLICIES}")
   if workers < 1:
     raise ValueError(f"--workers={workers} must be >= 1")
+  if "://" in out:
+    raise ValueError(NOT_IN_A_BUCKET.format(what=f"--out={out}"))
   stride = sources.held_out_stride(eval_fraction)
   units = list_units(spec, tfds_data_dir=tfds_data_dir,
                      records_per_shard=records_per_shard)

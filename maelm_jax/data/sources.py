@@ -569,6 +569,10 @@ def open_source(spec: str, split: str, *, eval_fraction: float = 0.01,
                             stride=stride)
   elif scheme == "arrayrecord" and sep and rest.strip():
     from maelm_jax.data import prepared  # pylint: disable=g-import-not-at-top
+    if "://" in rest:
+      raise ValueError(f"--config.data.source={spec}: a prepared corpus is read with "
+                       "local file I/O (ArrayRecord opens local files only); use a "
+                       "local or mounted path (e.g. gcsfuse). Workdirs can be gs://")
     documents = prepared.PreparedDocuments(rest.strip())
     description = (f"arrayrecord:{rest.strip()} ({len(documents.paths)} shards, "
                    f"{documents.format}, sha256 {documents.checksum[:16]})")

@@ -35,6 +35,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from maelm_jax.core import storage
 from maelm_jax.data import text as text_lib
 
 # The layout (core/special_tokens.py), re-exported for the tokenizer's users.
@@ -291,7 +292,9 @@ def own_name(path: str) -> str:
 
 def workdir_tokenizer_path(workdir: str) -> str:
   """The workdir's tokenizer file (tokenizer.model or tokenizer.json); the
-  SentencePiece name when it has neither yet."""
+  SentencePiece name when it has neither yet; a bucket workdir's is in its
+  mirror (core/storage.py), since SentencePiece reads local files only."""
+  workdir = storage.local(workdir)
   for name in TOKENIZER_FILENAMES:
     path = os.path.join(workdir, name)
     if os.path.isfile(path):
@@ -636,10 +639,11 @@ def load_or_train_tokenizer(
         vocab_size=vocab_size, model_type=model_type,
         max_sentences=max_sentences, seed=seed)
     logging.info("Trained tokenizer in %.1fs", time.monotonic() - start)
+    storage.push(workdir)  # A bucket workdir: the other processes read it there.
     return _check_matches(tokenizer, vocab_size, model_type)
 
   deadline = time.monotonic() + wait_timeout_s
-  while not os.path.isfile(model_path):
+  while not storage.fetch(model_path):  # A bucket workdir: from the bucket.
     if time.monotonic() > deadline:
       raise TimeoutError(
           f"waited {wait_timeout_s:.0f}s for process 0 to write {model_path}; "

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.core import cli, config_defaults as defaults
+from maelm_jax.core import cli, config_defaults as defaults, storage
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.data import pipeline, sources
 from maelm_jax.data import tokenizer as tokenizer_lib
@@ -233,7 +233,7 @@ def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,
   if not workdirs or num_tokens < 1 or batch_size < 1:
     raise ValueError("--workdir needs a pretraining workdir, --num_tokens and "
                      "--batch_size a positive number")
-  paths = [os.path.abspath(w) for w in workdirs]
+  paths = [storage.absolute(w) for w in workdirs]  # gs:// too (storage.py).
   if len(set(paths)) < len(paths):
     raise ValueError(f"--workdir names a workdir twice: {workdirs}")
   runs = [_load(path, step) for path in paths]

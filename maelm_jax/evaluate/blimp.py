@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.core import cli, progress as progress_lib, sharding
+from maelm_jax.core import cli, progress as progress_lib, sharding, storage
 from maelm_jax.modeling import masking, model as model_lib
 from maelm_jax.data import sources
 from maelm_jax.data import tokenizer as tokenizer_lib
@@ -488,7 +488,7 @@ def evaluate(workdirs: Sequence[str], data: str, out: str, *,
     label = _label(workdir, labels)
     labels.add(label)
     results["models"][label] = {
-        **aggregate(pairs, good, bad), "workdir": os.path.abspath(workdir),
+        **aggregate(pairs, good, bad), "workdir": storage.absolute(workdir),
         "objective": run.config.model.objective,
         "decoder": run.config.model.get("decoder_type"), "step": run.step,
         "seconds": seconds, "pairs_per_s": len(pairs) / seconds}

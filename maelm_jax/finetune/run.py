@@ -33,7 +33,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import time
 from typing import Any
 
@@ -48,7 +47,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from maelm_jax.core import config_defaults as defaults
-from maelm_jax.core import progress as progress_lib, sharding, workdir as workdir_lib
+from maelm_jax.core import progress as progress_lib, sharding, storage, workdir as workdir_lib
 from maelm_jax.modeling import attention
 from maelm_jax.run import (checkpoints, config_lib, metric_writers, plots, run_session,
                            train_lib)
@@ -301,13 +300,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ValueError(f"config.mode={config.mode!r}: fine-tuning runs 'glue' or "
                      "'squad' (configs/glue.py, configs/squad.py)")
   validate(config)
-  run_session.claim(config, workdir, config.mode)
-  mesh = sharding.make_mesh(config.mesh_shape)
-  check_fits_mesh(config, mesh)
-  check_pretrained(config)
-  problem = GlueProblem(config) if config.mode == "glue" else SquadProblem(config)
-  with run_session.hold(workdir):  # One live run per workdir.
-    return _run(config, workdir, problem, mesh)
+  # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
+  with storage.mirrored(workdir) as workdir:
+    run_session.claim(config, workdir, config.mode)
+    mesh = sharding.make_mesh(config.mesh_shape)
+    check_fits_mesh(config, mesh)
+    check_pretrained(config)
+    problem = GlueProblem(config) if config.mode == "glue" else SquadProblem(config)
+    with run_session.hold(workdir):  # One live run per workdir.
+      return _run(config, workdir, problem, mesh)
 
 
 def check_same_run(config, workdir: str) -> None:
@@ -463,7 +464,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   results = {"task": results_name(config),
              "step": step, "epoch": config.num_epochs, **evaluation.metrics,
              "main_metric": problem.main_metric, "best": best, "history": history,
-             "init_from": os.path.abspath(config.init_from),
+             "init_from": storage.absolute(config.init_from),
              "learning_rate": config.learning_rate, "seed": config.seed,
              "batch_size": config.batch_size, "num_epochs": config.num_epochs}
   if is_main:
@@ -475,7 +476,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
     if not defaults.get(config, "keep_final_checkpoint"):
       # Only needed to resume, and the run is done: at base size a fine-tune's
       # params + Adam state are ~1.3 GB, times every run of a sweep.
-      shutil.rmtree(checkpoints.checkpoint_dir(workdir), ignore_errors=True)
+      storage.remove_tree(checkpoints.checkpoint_dir(workdir))
     print(summary(workdir, results), flush=True)
   return results
 
@@ -499,4 +500,5 @@ def summary(workdir: str, results: dict) -> str:
       "", "=" * 72, f"Done: {results['task']}",
       f"  last (step {results['step']}): {main} {results[main]:.4f}",
       f"  best (step {best['step']}, epoch {best['epoch']}): {main} {best[main]:.4f}",
-      f"  results: {os.path.abspath(workdir)}/{RESULTS_FILE}", "=" * 72])
+      f"  results: {storage.display(os.path.abspath(workdir))}/{RESULTS_FILE}",
+      "=" * 72])

@@ -43,7 +43,7 @@ from typing import Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from maelm_jax.core import cli
+from maelm_jax.core import cli, storage
 from maelm_jax.run import config_lib
 from maelm_jax.finetune import glue_data
 
@@ -289,6 +289,7 @@ def _define_flags() -> None:
 
 def main():
   FLAGS = flags.FLAGS
+  storage.check_local(FLAGS.sweep_dir, "--sweep_dir")
   if not FLAGS.report_only:
     if FLAGS.config is None:
       raise app.UsageError("--config is required (e.g. --config=configs/glue.py) "

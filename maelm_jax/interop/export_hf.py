@@ -56,7 +56,7 @@ import uuid
 
 from absl import flags
 
-from maelm_jax.core import cli, workdir as workdir_lib
+from maelm_jax.core import cli, storage, workdir as workdir_lib
 
 REFERENCE_TEXTS = (
     ("The quick brown fox jumps over the lazy dog.",),
@@ -486,7 +486,7 @@ def load_finetuned(workdir: str, run_config: dict, step: int | None):
 
 def _corpus(pretraining_workdir: str, source: str) -> str:
   """The pretraining data, as its corpus report counted it."""
-  path = os.path.join(pretraining_workdir, "corpus_report.json")
+  path = os.path.join(storage.local(pretraining_workdir), "corpus_report.json")
   if not os.path.isfile(path):
     return f"`{source}`"
   with open(path) as f:
@@ -551,10 +551,10 @@ license: apache-2.0
 pipeline_tag: {task}
 tags: [maelm-jax, {config.model.objective}]
 ---
-# {os.path.basename(os.path.normpath(workdir))}: a maelm-jax encoder
+# {os.path.basename(os.path.normpath(storage.display(workdir)))}: a maelm-jax encoder
 
 Pretrained with maelm-jax (JAX/Flax) and exported by
-`python -m maelm_jax.export_hf --workdir={workdir}` (step {pretrained.step}).
+`python -m maelm_jax.export_hf --workdir={storage.display(workdir)}` (step {pretrained.step}).
 
 | | |
 |---|---|
@@ -602,7 +602,11 @@ def export(workdir: str, out: str, *, step: int | None = None,
   from safetensors.numpy import save_file
   from maelm_jax.run import checkpoints
   from maelm_jax.run import pretrained as pretrained_lib
-  workdir, out = os.path.abspath(workdir), os.path.abspath(out)
+  if storage.is_remote(out):
+    raise ValueError(f"--out={out}: an export is written to a local directory; "
+                     "upload it from there (or push it to the Hub)")
+  # A bucket workdir is read from its mirror, its checkpoints in place (storage.py).
+  workdir, out = storage.local(storage.absolute(workdir)), os.path.abspath(out)
   check_out_dir(out, overwrite)
   config_path = workdir_lib.config_path(workdir)
   if not os.path.isfile(config_path):

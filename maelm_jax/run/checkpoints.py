@@ -6,6 +6,12 @@ optimizer state, step, rng) and `data` (the grain iterator state), and, once
 committed, `maelm_checksums.json` (every file's size and SHA-256): a restore
 verifies them, so a checkpoint corrupted silently (flipped bits that still
 read) is quarantined like one that fails to read.
+
+A bucket workdir's checkpoints (`gs://`, core/storage.py) are written in place
+by orbax and TensorStore, and the functions here read them there. They carry no
+checksum file: an object is stored whole or not at all, and GCS checks each
+one's CRC32C itself; reading a checkpoint back after each save to hash it would
+cost what the save did.
 """
 
 from __future__ import annotations
@@ -25,13 +31,15 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
-from maelm_jax.core import errors
+from maelm_jax.core import errors, storage
 
 CHECKPOINT_DIR = "checkpoints"
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+  """`<workdir>/checkpoints`; in the bucket for a bucket workdir or its mirror."""
+  return storage.join(storage.remote_of(workdir) or os.path.abspath(workdir),
+                      CHECKPOINT_DIR)
 
 
 COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
@@ -44,16 +52,18 @@ class CheckpointMismatch(ValueError):
 
 def is_committed(step_dir: str) -> bool:
   """Orbax finishes a save by writing these (after the atomic rename on local
-  disks; on object stores, where rename is a copy, `commit_success.txt` last)."""
+  disks; on object stores, where there is no rename and the step is written
+  under its final name, `_CHECKPOINT_METADATA` early and `commit_success.txt`
+  last: only the last says it is done)."""
+  if storage.is_remote(step_dir):
+    return storage.exists(storage.join(step_dir, COMMIT_MARKERS[1]))
   return any(os.path.exists(os.path.join(step_dir, m)) for m in COMMIT_MARKERS)
 
 
 def step_dirs(workdir: str) -> dict[int, str]:
   directory = checkpoint_dir(workdir)
-  if not os.path.isdir(directory):
-    return {}
-  return {int(name): os.path.join(directory, name) for name in os.listdir(directory)
-          if name.isdigit()}
+  return {int(name): storage.join(directory, name)
+          for name in storage.listdir(directory) if name.isdigit()}
 
 
 def latest_step(workdir: str) -> int | None:
@@ -65,7 +75,11 @@ def latest_step(workdir: str) -> int | None:
 def check_no_foreign_steps(workdir: str) -> None:
   """A numbered folder Orbax did not finish (a copy by hand, a save torn on a
   filesystem without atomic rename) is neither restored nor moved: the run
-  stops and names it, because the next save of that step would collide."""
+  stops and names it, because the next save of that step would collide. In a
+  bucket, where there is no rename, orbax writes a step under its final name
+  and marks it done last: an unfinished one is its own, and it removes it."""
+  if storage.is_remote(checkpoint_dir(workdir)):
+    return
   foreign = sorted(path for path in step_dirs(workdir).values()
                    if not is_committed(path))
   if foreign:
@@ -147,7 +161,10 @@ def _sha256(path: str) -> str:
 
 def record_checksums(step_dir: str) -> None:
   """Writes the size and SHA-256 of every file of a committed step beside them,
-  atomically (a step without the file is simply not verified)."""
+  atomically (a step without the file is simply not verified; in a bucket,
+  none: see the module docstring)."""
+  if storage.is_remote(step_dir):
+    return
   sums = {name: [size, _sha256(os.path.join(step_dir, name))]
           for name, size in sorted(_step_files(step_dir).items())}
   tmp = os.path.join(step_dir, CHECKSUM_FILE + ".tmp")
@@ -160,8 +177,8 @@ def verify_checksums(step_dir: str, *, full: bool = True) -> None:
   """Raises `CorruptCheckpoint` naming the first file that is missing, of
   another size or (with `full`) of another SHA-256 than when it was committed."""
   path = os.path.join(step_dir, CHECKSUM_FILE)
-  if not os.path.exists(path):
-    return  # Saved before checksums, or killed before they were recorded.
+  if storage.is_remote(step_dir) or not os.path.exists(path):
+    return  # Saved before checksums, killed before they were recorded, a bucket.
   with open(path) as f:
     try:
       sums = json.load(f)
@@ -225,7 +242,20 @@ class Manager(ocp.CheckpointManager):
         cause = cause.__cause__ or cause.__context__
       if any(is_disk_full(e) for e in chain):
         raise DiskFull(disk_full_message(str(self.directory))) from None
+      directory = str(self.directory)
+      if storage.is_remote(directory) and not storage.reachable(directory):
+        raise errors.StoreUnreachable(self._unreachable_message(error)) from None
       raise
+
+  def _unreachable_message(self, error: BaseException) -> str:
+    newest = getattr(self, "_newest_complete", None)
+    return (f"{storage.bucket_url(str(self.directory))} stopped answering "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:160]}), after "
+            f"{storage.GCS_RETRIES['max_retries']} retries with backoff. Nothing was "
+            "lost: " + (f"step {newest} is the newest complete checkpoint there, "
+                        "and a step it did not finish is never restored"
+                        if newest else "no checkpoint was completed")
+            + ". When it answers again, run the same command: it resumes")
 
   def _check_room(self) -> None:
     """Refuses a save that cannot fit (free space under the newest complete
@@ -247,15 +277,19 @@ class Manager(ocp.CheckpointManager):
     if free < need:
       raise DiskFull(disk_full_message(directory))
 
-  def save(self, *args, **kwargs):
+  def _finished(self) -> None:
+    """Waits for the save in flight; every step saved is then complete."""
     self._said_plainly(super().wait_until_finished)
+    self._newest_complete = self.latest_step()
     self._said_plainly(self._record_new_checksums)
+
+  def save(self, *args, **kwargs):
+    self._finished()
     self._check_room()
     return self._said_plainly(super().save, *args, **kwargs)
 
   def wait_until_finished(self):
-    self._said_plainly(super().wait_until_finished)
-    self._said_plainly(self._record_new_checksums)
+    self._finished()
 
 
 def make_manager(workdir: str, config,
@@ -277,6 +311,10 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None,
   """Hands `step` to orbax, which writes it in the background: the train state,
   with the data iterator's position (pretraining) or other items (`more`, e.g.
   a fine-tuning run's progress); says so in one line."""
+  if jax.process_index() == 0:
+    # A bucket workdir's records up to `step` reach it before the step can
+    # commit: a resume from it keeps them and redoes only later ones.
+    storage.push(storage.parent(str(manager.directory)))
   items = {"state": ocp.args.StandardSave(state), **more}
   if data_iterator is not None:
     items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
@@ -296,9 +334,9 @@ def _quarantine(manager: ocp.CheckpointManager, step: int) -> str:
   directory = os.path.join(str(manager.directory), str(step))
   suffix = 0
   if jax.process_index() == 0:
-    while os.path.exists(f"{directory}.corrupt{suffix or ''}"):
+    while storage.exists(f"{directory}.corrupt{suffix or ''}"):
       suffix += 1
-    os.rename(directory, f"{directory}.corrupt{suffix or ''}")
+    storage.rename_dir(directory, f"{directory}.corrupt{suffix or ''}")
   if jax.process_count() > 1:
     suffix = int(multihost_utils.broadcast_one_to_all(np.int32(suffix)))
   manager.reload()
@@ -331,13 +369,12 @@ def _local_checkpointer() -> ocp.Checkpointer:
 def _read_aux_state(step_dir: str, item: str) -> None:
   """Raises if the JSON item beside `state` (grain's data-iterator state, one
   file per process; fine-tuning's progress) is missing or not JSON."""
-  directory = os.path.join(step_dir, item)
-  names = [n for n in os.listdir(directory) if n != "commit_success.txt"]
+  directory = storage.join(step_dir, item)
+  names = [n for n in storage.listdir(directory) if n != "commit_success.txt"]
   if not names:
     raise FileNotFoundError(f"no {item} state in {directory}")
   for name in names:
-    with open(os.path.join(directory, name)) as f:
-      json.load(f)
+    json.loads(storage.read_text(storage.join(directory, name)))
 
 
 def restore_latest_good(manager: ocp.CheckpointManager, abstract_state,

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from maelm_jax.core import workdir as workdir_lib
+from maelm_jax.core import storage, workdir as workdir_lib
 from maelm_jax.data import tokenizer as tokenizer_lib
 from maelm_jax.modeling import model as model_lib, param_layout
 from maelm_jax.run import checkpoints
@@ -97,7 +97,7 @@ def check_pretraining_workdir(workdir: str, step: int | None = None) -> str:
   """The absolute path of a pretraining workdir that holds a config, a
   tokenizer and a committed checkpoint (of `step`, if given); otherwise a
   message naming what is missing, for tools that read one (--workdir)."""
-  workdir = os.path.abspath(workdir)
+  workdir = storage.absolute(workdir)
   for name, found in ((workdir_lib.CONFIG_FILE, workdir_lib.config_path(workdir)),
                       ("tokenizer.model (or tokenizer.json)",
                        tokenizer_lib.workdir_tokenizer_path(workdir))):

@@ -31,7 +31,7 @@ import json
 from absl import logging
 import jax
 
-from maelm_jax.core import workdir as workdir_lib
+from maelm_jax.core import storage, workdir as workdir_lib
 from maelm_jax.run import checkpoints, config_lib, host_memory, metric_writers, preemption
 
 
@@ -80,7 +80,10 @@ def hold(workdir: str):
     yield
     return
   with workdir_lib.Lock(workdir):
-    yield
+    try:
+      yield
+    finally:  # A bucket workdir's last files, while the run still holds it.
+      storage.push(workdir)
 
 
 @contextlib.contextmanager
@@ -113,6 +116,8 @@ class RunSession:
       metric_writers.truncate_jsonl(workdir_lib.metrics_path(workdir),
                                     restored_step or 0)
     self.writer = metric_writers.MetricWriter(workdir, self.is_main)
+    if self.is_main:  # The tokenizer and config in the bucket before a checkpoint.
+      storage.push(workdir)
     self.page_releaser = host_memory.FreePageReleaser()
     try:
       self.watcher = preemption.PreemptionWatcher(manager)
@@ -125,6 +130,8 @@ class RunSession:
     OS at a record once every 30 s (host_memory.FreePageReleaser)."""
     self.writer.write(step, metrics)
     self.page_releaser.maybe_release()
+    if self.is_main:
+      storage.push(self.workdir, force=False)
 
   def stop_requested(self, step: int) -> bool:
     """True once a SIGTERM / SIGINT has come (on any process): save and stop."""

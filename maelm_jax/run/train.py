@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax.core import config_defaults as defaults
-from maelm_jax.core import progress as progress_lib, sharding, workdir as workdir_lib
+from maelm_jax.core import progress as progress_lib, sharding, storage, workdir as workdir_lib
 from maelm_jax.data import corpus_report, pipeline, sources
 from maelm_jax.modeling import flops, model as model_lib
 from maelm_jax.run import (baselines, checkpoints, config_lib, metric_writers, plots,
@@ -203,7 +203,8 @@ def describe_launch(config, workdir: str) -> list[str]:
             f"{sum(os.path.getsize(f) for f in files) / 1e6:.1f} MB on disk)")
   else:
     data = spec
-  if not os.path.isdir(workdir):
+  if not os.path.isdir(workdir) or (
+      storage.remote_of(workdir) and not os.listdir(workdir)):
     state = "new (will be created)"
   else:
     try:
@@ -225,22 +226,25 @@ def describe_launch(config, workdir: str) -> list[str]:
       f"  mesh       {dict(mesh.shape)} over {jax.device_count()} devices "
       f"({jax.process_count()} processes)",
       f"  data       {data}",
-      f"  workdir    {os.path.abspath(workdir)}: {state}",
+      f"  workdir    {storage.display(os.path.abspath(workdir))}: {state}",
   ]
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Pretrains per `config` into `workdir`; returns the last logged metrics."""
+  """Pretrains per `config` into `workdir` (a path or gs://BUCKET/PATH);
+  returns the last logged metrics."""
   config = config_lib.resolve(config)
   config_lib.validate(config)
-  if defaults.get(config, "dry_run"):
-    lines = describe_launch(config, workdir)
-    if jax.process_index() == 0:
-      print("\n".join(lines), flush=True)
-    return {"dry_run": True}
-  run_session.claim(config, workdir, "pretrain")
-  with run_session.hold(workdir):  # One live run per workdir.
-    return _train_and_evaluate(config, workdir)
+  # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
+  with storage.mirrored(workdir) as workdir:
+    if defaults.get(config, "dry_run"):
+      lines = describe_launch(config, workdir)
+      if jax.process_index() == 0:
+        print("\n".join(lines), flush=True)
+      return {"dry_run": True}
+    run_session.claim(config, workdir, "pretrain")
+    with run_session.hold(workdir):  # One live run per workdir.
+      return _train_and_evaluate(config, workdir)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
