@@ -41,8 +41,11 @@ def emulator(tmp_path_factory):
   """The emulator, and this process pointed at it as the runs are."""
   server = gcs_emulator.Emulator(str(tmp_path_factory.mktemp("gcs"))).start()
   saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST",
-                                          "TENSORSTORE_GCS_HTTP_URL")}
+                                          "TENSORSTORE_GCS_HTTP_URL",
+                                          "MAELM_MIRROR_DIR")}
   os.environ.update(server.env())
+  # Mirrors of the runs killed here stay where the test's files go.
+  os.environ["MAELM_MIRROR_DIR"] = str(tmp_path_factory.mktemp("mirrors"))
   os.environ.pop("TENSORSTORE_GCS_HTTP_URL", None)
   storage.configure()
   yield server

@@ -5,12 +5,14 @@ natively. The run's other files (config.json, metrics.jsonl, the tokenizer,
 TensorBoard events, plots, results) live in a *mirror*: a local directory this
 process owns, filled from the bucket when the workdir is first used
 (`local(path)`) and uploaded by the run that holds the workdir (`push`: when the
-run starts, at most every 30 s while it logs, and when it ends). The project's
+run starts, before each checkpoint save, at most every 30 s while it logs, and
+when it ends; while the bucket does not answer, skipped with a warning). The project's
 file code, SentencePiece (local files only) and tensorboardX thus run
 unchanged, and the bucket gets whole objects: GCS has no append and no rename,
 and a reader of an object never sees it half written. A run killed between two
 pushes loses only records after its last checkpoint, which a resume redoes
-anyway (run_session.py truncates them).
+anyway (run_session.py truncates them). Files that never reached the bucket
+stay in the mirror (`Mirror.remove`), and the log says where.
 
 `checkpoint_dir` of a mirror is its bucket's (`remote_of`); the lock of a
 bucket workdir is a lease object (workdir.Lock), since GCS has no flock.
