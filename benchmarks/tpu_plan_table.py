@@ -12,7 +12,7 @@ largest batch is found by bisection on the batch (a multiple of the slice's
 chips), starting from the linear estimate one compile gives: compile time, not
 a grid, is the cost (about 20-60 s a compile on 2 cores with scanned layers).
 Each row is written to --out as it finishes, and a rerun skips the rows already
-there (a row searched but without its estimate gets only the estimate);
+there (a row searched but without a current estimate gets only the estimate);
 --markdown prints the table from the file.
 """
 
@@ -122,6 +122,15 @@ def estimate_at(objective, size, remat, devices, topology, seq_len, batch, log):
     return None
 
 
+# How the estimate counted HBM traffic: rows estimated before hlo_stats counted
+# it (XLA's "bytes accessed", every operand whole) are estimated again.
+HBM_COUNT = "hlo_stats"
+
+
+def is_current(row) -> bool:
+  return "roofline_seconds" in row and row.get("hbm_count") == HBM_COUNT
+
+
 def key(row) -> tuple:
   return row["objective"], row["size"], row["topology"], row["remat"]
 
@@ -135,9 +144,12 @@ def markdown(rows) -> list[str]:
            "collectives per step |",
            "|---|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
   for row in rows:
-    if not row["batch"] or "step_seconds" not in row:
+    if not row["batch"] or not is_current(row):
+      memory = (f"{row['bytes_per_chip'] / 1e9:.1f} GB" if row.get("bytes_per_chip")
+                else "")
       lines.append(f"| {row['objective']} | {row['size']} | {row['topology']} | "
-                   f"{row['remat']} | {row['batch'] or 'none fits'} | | | | | | |")
+                   f"{row['remat']} | {row['batch'] or 'none fits'} | {memory} | "
+                   f"{'estimate pending' if row['batch'] else ''} | | | | |")
       continue
     collectives = ", ".join(f"{k} {v['count']}" for k, v in row["collectives"].items())
     # At least the model's FLOPs at peak (rows planned before plan.py floored
@@ -177,7 +189,7 @@ def main():
       for devices, name in slices:
         for remat in args.remat.split(","):
           old = by_key.get((objective, size, name, remat))
-          if old is not None and (not old["batch"] or "roofline_seconds" in old):
+          if old is not None and (not old["batch"] or is_current(old)):
             continue
           log(f"{objective} {size} {name} remat={remat}:")
           started = time.perf_counter()
@@ -199,6 +211,7 @@ def main():
                         "tokens_per_second": best["estimated_tokens_per_second"],
                         "mfu": best["estimated_mfu"], "bound_by": best["bound_by"],
                         "roofline_seconds": best["roofline_seconds"],
+                        "hbm_count": HBM_COUNT,
                         "collectives": best["collectives"],
                         "attention": {k: v["implementation"]
                                       for k, v in best["attention"].items()}})

@@ -424,15 +424,14 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
   # own count of one more layer (small unscanned compiles). (2) The Pallas
   # kernels' backward: from the FLOP model. (3) Gradient accumulation is a loop
   # too: its body (all but the optimizer's update) runs once per microbatch.
+  # (The HBM traffic is hlo_stats', which counts loops as often as they run.)
   micro = built.batch_size / built.grad_accum_steps
   attention_parts = flops.attention_flops_per_sequence(model_cfg, built.seq_len)
-  notes, added_flops, added_bytes = [], 0.0, 0.0
+  notes, added_flops = [], 0.0
   if model_cfg.scan_layers and built.config is not None:
     layer_costs, probed = one_more_layer(built, devices)
-    for stack, (layer_flops, layer_bytes) in layer_costs.items():
-      further = _stack_layers(model_cfg, stack) - 1
-      added_flops += further * layer_flops
-      added_bytes += further * layer_bytes
+    for stack, (layer_flops, _) in layer_costs.items():
+      added_flops += (_stack_layers(model_cfg, stack) - 1) * layer_flops
     notes.append("scanned layers: each stack's further iterations by XLA's count of "
                  "one more layer (unscanned compiles of 1 and 2 layers"
                  + (f", at batch {probed} scaled to the microbatch)"
@@ -446,12 +445,12 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
       added_flops += share * 3 * attention_parts.get(site, 0) * micro / chips
     notes.append(f"Pallas kernels: the {share:.0%} of their FLOPs XLA does not "
                  "count (their backward), from the FLOP model")
-  # The optimizer's update (reading and writing params, both Adam moments and
-  # the gradients: about 3x the state) runs once a step, outside the loop.
-  update_bytes = min(3.0 * state_bytes, 0.9 * counted_bytes)
+  # HBM traffic: hlo_stats' count, every loop's body as often as it runs, a
+  # sliced operand as its slice, an in-place update as the update (XLA's
+  # `bytes accessed` counts each whole: 2x on `small`, hlo_stats docstring).
   accum = built.grad_accum_steps
   hardware_flops = (counted_flops + added_flops) * accum
-  hbm_traffic = update_bytes + accum * (counted_bytes - update_bytes + added_bytes)
+  hbm_traffic = stats.hbm_bytes or counted_bytes
   if accum > 1:
     notes.append(f"grad accumulation: the loop's body x {accum}")
   model_flops_per_chip = built.model_flops / chips
@@ -472,6 +471,7 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
       "xla_flops_per_chip": hardware_flops,
       "xla_flops_counted_per_chip": counted_flops, "xla_flops_notes": notes,
       "hbm_traffic_bytes_per_chip": hbm_traffic,
+      "xla_bytes_accessed_per_chip": counted_bytes,
       "roofline_seconds": terms, "bound_by": max(terms, key=terms.get),
       "estimated_step_seconds": step,
       "estimated_tokens_per_second": built.batch_size * built.seq_len / step,

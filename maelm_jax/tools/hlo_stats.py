@@ -1,10 +1,19 @@
 """What a compiled step's HLO text says about its cost: collectives (count and
 bytes per kind, loops counted as many times as they run), Pallas kernel calls,
-and the largest buffers it produces. Read by the planner (plan.py).
+the largest buffers it produces, and its HBM traffic. Read by the planner
+(plan.py).
 
 XLA's own `cost_analysis()` counts each while-loop body once (a scanned layer
 stack, gradient accumulation); here a loop's body counts `trip count` times,
 read from its condition (`counter < N`).
+
+HBM traffic (`hbm_bytes`): what each instruction outside a fusion writes plus
+what it reads, fusions being the unit that goes through memory. XLA's `bytes
+accessed` counts every operand whole; but a fusion that slices an operand reads
+the slice, and one that updates a slice of a buffer in place (a scanned stack's
+saved activations, the windowed matmuls of fsdp) writes the slice. Counted
+whole, those made the `small` model's step at length 512 "read" 41.7 GB per chip
+on v5e:2x2, about 20x its tensors (benchmarks/RESULTS.md, "The planning table").
 """
 
 from __future__ import annotations
@@ -77,12 +86,24 @@ def ring_bytes(kind: str, result_bytes: int, n: int) -> float:
 
 
 @dataclasses.dataclass
+class _Instruction:
+  name: str
+  op: str
+  bytes: int  # Of its result (all arrays of a tuple).
+  operands: list
+  fused: str = ""  # A fusion's body.
+
+
+@dataclasses.dataclass
 class _Computation:
   collectives: list = dataclasses.field(default_factory=list)  # (kind, bytes, n)
   kernel_calls: int = 0
   calls: list = dataclasses.field(default_factory=list)  # (callee, times, in memory)
   max_constant: int = 0
   buffers: list = dataclasses.field(default_factory=list)  # (bytes, shape, op_name)
+  instructions: list = dataclasses.field(default_factory=list)
+  parameters: dict = dataclasses.field(default_factory=dict)  # index -> name
+  root: str = ""
 
 
 @dataclasses.dataclass
@@ -92,6 +113,7 @@ class HloStats:
   kernel_calls_in_text: int  # tpu_custom_call instructions in the program text
   largest_buffers: list  # [(bytes, "dtype[shape]", op_name)] per chip
   loop_trip_counts: list  # trip count of each while loop
+  hbm_bytes: float = 0.0  # HBM traffic per step per chip (module docstring)
 
 
 def _parse(text: str, num_devices: int):
@@ -110,7 +132,17 @@ def _parse(text: str, num_devices: int):
     match = _INSTRUCTION.match(line)
     if not match:
       continue
-    _, shape, op, rest = match.groups()
+    name, shape, op, rest = match.groups()
+    fused = _FUSED.search(line)
+    current.instructions.append(_Instruction(
+        name, op, sum(array_bytes(shape)), _operands(rest),
+        fused[1] if fused and op == "fusion" else ""))
+    if op == "parameter":
+      index = re.match(r"(\d+)\)", rest)
+      if index:
+        current.parameters[int(index[1])] = name
+    if line.lstrip().startswith("ROOT "):
+      current.root = name
     if op == "constant" and shape.startswith("s32[]"):
       value = re.match(r"(-?\d+)\)", rest)
       if value:
@@ -153,6 +185,102 @@ def _parse(text: str, num_devices: int):
   return computations, entry, trips
 
 
+def _operands(rest: str) -> list:
+  """The %names an instruction's operand list holds (up to its closing paren)."""
+  depth = 1
+  for end, char in enumerate(rest):
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if depth == 0:
+      return re.findall(r"%([\w.\-]+)", rest[:end])
+  return re.findall(r"%([\w.\-]+)", rest)
+
+
+# Instructions that move no data of their own: views, bookkeeping, and the
+# loops and calls whose bodies are counted where they run.
+_NO_TRAFFIC = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant",
+               "while", "call", "conditional", "after-all", "partition-id",
+               "replica-id", "opt-barrier")
+
+
+def _slice_reads(body: _Computation, parameter: str, sizes: dict) -> int | None:
+  """Bytes a fusion reads of its `parameter` when every use slices it or only
+  passes it through to the output (XLA's async collective fusions hand buffers
+  on that way); None when some use reads it whole."""
+  users = [i for i in body.instructions if parameter in i.operands
+           and not (i.name == body.root and i.op == "tuple")]
+  if not users and any(i.name == body.root for i in body.instructions
+                       if parameter in i.operands):
+    return 0
+  if not users or any(u.op not in ("slice", "dynamic-slice") or u.operands[0] != parameter
+                      for u in users):
+    return None
+  return sum(u.bytes for u in users)
+
+
+def _in_place(body: _Computation) -> dict:
+  """{parameter: bytes written} for the buffers a fusion updates in place: a
+  dynamic-update-slice of a parameter, at its root (alone or in a tuple)."""
+  by_name = {i.name: i for i in body.instructions}
+  root = by_name.get(body.root)
+  outputs = ([by_name.get(n) for n in root.operands] if root is not None
+             and root.op == "tuple" else [root])
+  updated = {}
+  for out in outputs:
+    if (out is not None and out.op == "dynamic-update-slice"
+        and len(out.operands) > 1 and out.operands[0] in body.parameters.values()):
+      update = by_name.get(out.operands[1])
+      updated[out.operands[0]] = (out.bytes, update.bytes if update else out.bytes)
+  return updated
+
+
+def _passed_through(body: _Computation) -> int:
+  """Bytes of a fusion's outputs that are its parameters as they came in: the
+  same buffers, not written."""
+  root = next((i for i in body.instructions if i.name == body.root), None)
+  if root is None or root.op != "tuple":
+    return 0
+  sizes = {i.name: i.bytes for i in body.instructions}
+  return sum(sizes.get(name, 0) for name in root.operands
+             if name in body.parameters.values())
+
+
+def _traffic(computation: _Computation, computations: dict) -> float:
+  """HBM bytes one run of a computation moves (its fusions, copies, slices,
+  kernels and async ops; the module docstring)."""
+  sizes = {i.name: i.bytes for i in computation.instructions}
+  total = 0.0
+  for inst in computation.instructions:
+    op = inst.op
+    if op in _NO_TRAFFIC or op.endswith("-start"):
+      continue  # An async op's data moves once: counted at its -done.
+    if op.endswith("-done"):
+      total += 2 * inst.bytes  # Reads about what it writes.
+      continue
+    if op in ("slice", "dynamic-slice"):
+      total += 2 * inst.bytes
+      continue
+    if op == "dynamic-update-slice" and len(inst.operands) > 1:
+      total += 2 * sizes.get(inst.operands[1], 0)
+      continue
+    body = computations.get(inst.fused) if op == "fusion" else None
+    if body is None:
+      total += inst.bytes + sum(sizes.get(o, 0) for o in inst.operands)
+      continue
+    in_place = _in_place(body)
+    written = inst.bytes - sum(full - update for full, update in in_place.values())
+    written -= _passed_through(body)
+    read = 0
+    for index, operand in enumerate(inst.operands):
+      parameter = body.parameters.get(index, "")
+      if parameter in in_place:
+        continue  # The untouched rest of the buffer stays where it is.
+      sliced = _slice_reads(body, parameter, sizes)
+      read += sizes.get(operand, 0) if sliced is None else min(
+          sliced, sizes.get(operand, 0))
+    total += max(written, 0) + read
+  return total
+
+
 def _constants(computations, name: str, depth: int = 0) -> int:
   computation = computations.get(name)
   if computation is None or depth > 8:
@@ -178,13 +306,18 @@ def analyze(text: str, num_devices: int) -> HloStats:
   """Collectives, kernel calls and the largest buffers of compiled HLO text."""
   computations, entry, trips = _parse(text, num_devices)
   totals = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "ring_bytes": 0.0})
-  kernel_calls, buffers, in_memory = 0, [], set()
+  kernel_calls, buffers, in_memory, hbm = 0, [], set(), 0.0
+  traffic = {}
 
   def visit(name, times, materialized, depth=0):
-    nonlocal kernel_calls
+    nonlocal kernel_calls, hbm
     computation = computations.get(name)
     if computation is None or depth > 64:
       return
+    if materialized:
+      if name not in traffic:
+        traffic[name] = _traffic(computation, computations)
+      hbm += times * traffic[name]
     for kind, size, n in computation.collectives:
       totals[kind]["count"] += times
       totals[kind]["bytes"] += times * size
@@ -209,4 +342,4 @@ def analyze(text: str, num_devices: int) -> HloStats:
       break
   return HloStats(collectives=collectives, kernel_calls=kernel_calls,
                   kernel_calls_in_text=text.count(KERNEL_TARGET),
-                  largest_buffers=largest, loop_trip_counts=trips)
+                  largest_buffers=largest, loop_trip_counts=trips, hbm_bytes=hbm)
