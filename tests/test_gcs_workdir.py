@@ -193,8 +193,17 @@ def test_the_store_gone_mid_run_one_line_nothing_lost_the_same_command_resumes(
 
 
 def test_two_runs_racing_for_one_gs_workdir_one_is_refused(emulator, tokenizer_file):
+  """The second starts once the first holds the lease: on a loaded machine two
+  started together may not overlap at all (the first done before the second
+  looks), and the lease's own race is test_the_lease_of_a_gone_run...'s."""
   workdir = f"{BUCKET}/raced"
-  runs = [start(emulator, workdir, tokenizer_file) for _ in range(2)]
+  first = start(emulator, workdir, tokenizer_file)
+  deadline = time.monotonic() + 300
+  while not storage.exists(f"{workdir}/.lock"):
+    assert first.poll() is None, first.communicate()[1][-3000:]
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+  runs = [first, start(emulator, workdir, tokenizer_file)]
   outcomes = [(p.wait(timeout=600), p.communicate()[1]) for p in runs]
   codes = sorted(code for code, _ in outcomes)
   assert codes[0] == 0 and codes[1] != 0, [e[-2000:] for _, e in outcomes]
