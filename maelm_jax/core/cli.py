@@ -79,7 +79,7 @@ SAID_IN_ONE_LINE = ("No space left on device", "Could not connect to server",
                     "retry attempts failed", "Cannot connect to host")
 
 
-def _says_disk_full(record) -> bool:
+def _said_in_one_line(record) -> bool:
   texts = [record.getMessage()]
   error = record.exc_info[1] if record.exc_info else None
   while error is not None and len(texts) < 20:
@@ -99,7 +99,7 @@ class QuietLibraries(pylogging.Filter):
     noisy = any(name in record.pathname
                 for name in ("/orbax/", "/grain/", "/tensorflow_datasets/"))
     if (("/orbax/" in record.pathname or "/asyncio/" in record.pathname)
-        and _says_disk_full(record)):
+        and _said_in_one_line(record)):
       return False
     return record.levelno >= pylogging.WARNING or not noisy
 
