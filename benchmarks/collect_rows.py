@@ -7,6 +7,7 @@ command that measured it.
 
   python benchmarks/collect_rows.py run1.json run2.json:after_fix \
       --out=benchmarks/results/gpu_throughput.json
+  python benchmarks/collect_rows.py run3.json:unrolled --append --out=...  # add rows
 
 A `:label` after a file is written into its rows as `variant` (which code, which
 knob), so that rows of one cell measured before and after a change stay apart.
@@ -52,8 +53,14 @@ def main(argv=None) -> int:
   p.add_argument("files", nargs="+", help="train_throughput.py --json outputs, "
                  "each optionally FILE:LABEL")
   p.add_argument("--out", required=True)
+  p.add_argument("--append", action="store_true",
+                 help="keep the rows already in --out (a later call's cells)")
   args = p.parse_args(argv)
-  write_rows(args.out, [row for path in args.files for row in rows_of(path)])
+  rows = []
+  if args.append and os.path.exists(args.out):
+    with open(args.out) as f:
+      rows = json.load(f)
+  write_rows(args.out, rows + [row for path in args.files for row in rows_of(path)])
   return 0
 
 

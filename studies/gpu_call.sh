@@ -20,9 +20,6 @@
 #   OUT=$OUT CALL_S=570 bash studies/gpu_call.sh
 # A smoke test of the plumbing on a CPU (tiny shapes, seconds per phase):
 #   SMOKE=1 OUT=/tmp/smoke PY=.venv/bin/python bash studies/gpu_call.sh
-set -u
-START=$SECONDS
-CALL_S=${CALL_S:-570}; PY=${PY:-python3}; OUT=${OUT:-/tmp/gpu_out}
 SHAPE=${SHAPE:-8x256}; TOKENS=${TOKENS:-65536}; SAFETY=${SAFETY:-0.75}
 STARTUP_S=${STARTUP_S:-45}; BRING_BACK_S=${BRING_BACK_S:-40}; LR=${LR:-1e-3}
 OBJECTIVES=${OBJECTIVES:-"mlm maelmx"}; WORKERS=${WORKERS:-10}; ATTN=auto
@@ -35,30 +32,14 @@ if [ "${SMOKE:-0}" = 1 ]; then  # The same phases at toy sizes, on any machine.
 else
   CEIL=8192
 fi
-mkdir -p $OUT/p1 $OUT/logs
-export PYTHONUNBUFFERED=1
-left() { echo $((CALL_S - (SECONDS - START))); }
-stamp() { echo "$(date +%T) +$((SECONDS - START))s $*" | tee -a $OUT/logs/timeline.txt; }
-stamp "start; $(nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>/dev/null)"
-nvidia-smi > $OUT/logs/nvidia-smi.txt 2>&1
-if [ -d .whl ] && [ "${SMOKE:-0}" != 1 ]; then  # (wheels for the device's Python 3.12)
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
+P1="$P1 --ceiling=$CEIL"
+source studies/gpu_common.sh
 
 # Token ids first, on the CPU cores, while the GPU runs phase 1.
 ( $PY -m maelm_jax.prepare_data --source="text:$DATA" --out=/tmp/ids \
     --tokenizer=$TOKENIZER --workers=8 > $OUT/logs/prepare.log 2>&1
   echo $? > /tmp/prepare.rc ) &
 PREPARE=$!
-
-tp() {  # tp NAME SECONDS ARGS...: one throughput invocation, JSON rewritten per cell.
-  local name=$1 limit=$2; shift 2
-  timeout -s INT $limit $PY benchmarks/train_throughput.py $P1 --ceiling=$CEIL \
-      --json=$OUT/p1/$name.json --out=$OUT/logs/$name.md "$@" > $OUT/logs/$name.log 2>&1
-  stamp "$name rc=$? $(grep -c '|' $OUT/logs/$name.md 2>/dev/null) table lines"
-}
 
 # ---------------------------------------------------------------- 1a, 1b
 tp shape 120 --sizes=$SHAPE --seq_lens=128 --objectives=mlm,maelm-cross \

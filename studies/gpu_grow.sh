@@ -1,0 +1,93 @@
+#!/bin/bash
+# Issue 40 in one device call, the kind that repeats: Part 1's next levers at
+# `base`/512 side by side, then one encoder that grows across calls (Part 2:
+# "accumulate compute across runs"). Phases, each writing under $OUT as it ends:
+#   1. `base`/512 MLM, bf16, dropout 0, the fastest attention, batch 128: scanned
+#      layers (the default), unrolled layers (no dynamic-update-slice of each layer's
+#      saved activations into [layers, ...] buffers: 16% of the last profile), and
+#      unrolled with the relative bias shared across the batch (the bound of that
+#      change, benchmarks/shared_bias_bound.py); MAE-LM beside the unrolled MLM.
+#   2. GROW: MAE-LM (cross) at 8 x 128 (configs/compare.py:size=tiny with 8 layers,
+#      the shape of the best BLiMP so far), batch 256 x 128, bf16, ONE schedule of
+#      GROW_TFLOPS spread over as many calls as it takes. The run's workdir (its
+#      newest checkpoint only: parameters, Adam moments, the data iterator) comes
+#      back as grow.tar.partNN; the next call carries those parts in .grow/parts and
+#      this same script resumes the run, bit for bit where it stopped: the token ids
+#      are prepared again from the same text into the same path, and prepare_data
+#      writes one shard per text file, the same shards each time. The run is stopped
+#      by SIGTERM (which saves) at its share of the call.
+#   3. the input pipeline on the host's cores (text -> batches), with what is left.
+# Carried in ignored folders: .whl (grain, array_record, ml_collections, portpicker,
+# tensorboardX wheels for Python 3.12) and .grow: data/*.jsonl.xz (the text, chosen
+# so that text + the 36 MB state + code + wheels fit the 64 MiB a call takes in),
+# tokenizer.model, parts/ (after the first call). On the device, from the repository
+# root:
+#   OUT=$OUT CALL_S=570 bash studies/gpu_grow.sh
+# A smoke test on a CPU (tiny shapes; run it twice: the second run resumes from the
+# first one's parts, moved into .grow/parts as the next call would carry them):
+#   SMOKE=1 OUT=/tmp/smoke PY=.venv/bin/python GROW=/tmp/smoke_grow bash studies/gpu_grow.sh
+GROW_TFLOPS=${GROW_TFLOPS:-24000}; BRING_BACK_S=${BRING_BACK_S:-40}
+TAIL_S=${TAIL_S:-45}; WORKERS=${WORKERS:-8}; GROW=${GROW:-.grow}
+IDS=${IDS:-/tmp/ids}; RUN=${RUN:-/tmp/grow}  # (the same paths in every call)
+P1="--dtype=bfloat16 --attention_impls=auto --dropout=0 --steps=10 --repeats=3 --ceiling=8192"
+A="--sizes=base --seq_lens=512 --tokens_per_batch=65536"
+LAYERS=8; BATCH=256; EVAL_EVERY=2000; LOG_EVERY=200; LIMIT=110
+if [ "${SMOKE:-0}" = 1 ]; then  # The same phases at toy sizes, on any machine.
+  P1="$P1 --steps=2 --repeats=1 --ceiling=256"; A="--sizes=tiny --seq_lens=64 --tokens_per_batch=512"
+  LAYERS=2; BATCH=8; EVAL_EVERY=20; LOG_EVERY=10; GROW_TFLOPS=${GROW_TFLOPS_SMOKE:-0.05}
+  LIMIT=240
+fi
+source studies/gpu_common.sh
+
+# Token ids on the CPU cores while the GPU runs phase 1.
+( $PY -m maelm_jax.prepare_data --source="text:$GROW/data/*.jsonl.xz" --out=$IDS \
+    --tokenizer=$GROW/tokenizer.model --workers=$WORKERS > $OUT/logs/prepare.log 2>&1
+  echo $? > /tmp/prepare.rc ) &
+PREPARE=$!
+
+# ---------------------------------------------------------------- 1. levers
+if [ "${LEVERS:-1}" = 1 ]; then
+  tp scanned $LIMIT $A --objectives=mlm,maelm --scan_layers
+  tp unrolled $((LIMIT + 30)) $A --objectives=mlm,maelm --profile_dir=/tmp/profile
+  for d in /tmp/profile/*; do
+    [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=12 >> $OUT/logs/profile.txt 2>&1
+  done
+  tp shared $LIMIT benchmarks/shared_bias_bound.py $A --objectives=mlm
+fi
+
+# ---------------------------------------------------------------- 2. grow
+wait $PREPARE; stamp "prepared rc=$(cat /tmp/prepare.rc)"
+rm -rf $RUN
+if ls $GROW/parts/grow.tar.part* > /dev/null 2>&1; then
+  mkdir -p $RUN && cat $GROW/parts/grow.tar.part* | tar -C $RUN -xf - &&
+    stamp "resuming from step $(ls $RUN/checkpoints | grep -E '^[0-9]+$' | sort -n | tail -1)"
+fi
+RUN_S=$(( $(left) - BRING_BACK_S - TAIL_S ))
+stamp "grow: ${RUN_S}s of a ${GROW_TFLOPS} TFLOP schedule"
+timeout -s TERM $RUN_S $PY -m maelm_jax.main --config=configs/compare.py:size=tiny \
+  --config.model.num_layers=$LAYERS --config.model.objective=maelm \
+  --config.model.decoder_type=cross --config.model.dtype=bfloat16 \
+  --config.model.scan_layers=True --config.model.dropout=0 \
+  --config.model.attention_dropout=0 --config.model.attention_impl=auto \
+  --config.learning_rate=1e-3 --config.warmup_ratio=0.06 \
+  --config.batch_size=$BATCH --config.seq_len=128 \
+  --config.tokenizer.path=$GROW/tokenizer.model --config.data.source=arrayrecord:$IDS \
+  --config.data.num_workers=$WORKERS --config.eval_every=$EVAL_EVERY --config.eval_batches=20 \
+  --config.log_every=$LOG_EVERY --config.checkpoint_every=$EVAL_EVERY \
+  --config.keep_checkpoints=1 --config.total_flops=${GROW_TFLOPS}e12 \
+  --workdir=$RUN > $OUT/logs/grow.log 2>&1
+stamp "grow rc=$? at step $(ls $RUN/checkpoints 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)"
+cp $RUN/metrics.jsonl $OUT/logs/grow_metrics.jsonl 2>/dev/null
+rm -f $RUN/.lock
+tar -C $RUN -cf - . | split -b 15M -d - $OUT/grow.tar.part
+stamp "brought back: $(ls $OUT | grep -c grow.tar.part) parts"
+
+# ---------------------------------------------------------------- 3. input pipeline
+T=$(( $(left) - 10 ))
+[ $T -gt 20 ] && timeout -s INT -k 5 $T $PY benchmarks/input_pipeline.py \
+    --source="text:$GROW/data/*.jsonl.xz" --tokenizer=$GROW/tokenizer.model \
+    --seq_lens=128,512 --workers=8,15 --seconds=8 > $OUT/logs/input_pipeline.log 2>&1
+stamp done
+# Few files come back (8): everything but the parts in one archive.
+tar -C $OUT -cJf $OUT/results.tar.xz p1 logs && rm -r $OUT/p1 $OUT/logs
+ls -la $OUT
