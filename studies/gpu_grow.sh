@@ -2,11 +2,14 @@
 # Issue 40 in one device call, the kind that repeats: Part 1's next levers at
 # `base`/512 side by side, then one encoder that grows across calls (Part 2:
 # "accumulate compute across runs"). Phases, each writing under $OUT as it ends:
-#   1. `base`/512 MLM, bf16, dropout 0, the fastest attention, batch 128: scanned
-#      layers (the default), unrolled layers (no dynamic-update-slice of each layer's
-#      saved activations into [layers, ...] buffers: 16% of the last profile), and
-#      unrolled with the relative bias shared across the batch (the bound of that
-#      change, benchmarks/shared_bias_bound.py); MAE-LM beside the unrolled MLM.
+#   1. `base`/512, bf16, dropout 0, the fastest attention, batch 128, the default
+#      unrolled layers: MLM, MAE-LM and 3ML (cross) in one process, so their step
+#      ratios compare on one machine; then the pretraining shape (8 x 128 at 128) of
+#      MLM and MAE-LM (cross). The first call (2026-11-27) timed scanned against
+#      unrolled and the batch-shared bias's bound here (benchmarks/RESULTS.md, "A
+#      third call"); this phase now measures odd lengths padded for cuDNN (3ML's
+#      encoder at 309 tokens, MAE-LM's at 111 and the cross decoders' K ran the
+#      einsum before).
 #   2. GROW: MAE-LM (cross) at 8 x 128 (configs/compare.py:size=tiny with 8 layers,
 #      the shape of the best BLiMP so far), batch 256 x 128, bf16, ONE schedule of
 #      GROW_TFLOPS spread over as many calls as it takes. The run's workdir (its
@@ -15,7 +18,10 @@
 #      this same script resumes the run, bit for bit where it stopped: the token ids
 #      are prepared again from the same text into the same path, and prepare_data
 #      writes one shard per text file, the same shards each time. The run is stopped
-#      by SIGTERM (which saves) at its share of the call.
+#      by SIGTERM (which saves) at its share of the call. Its config stays as the
+#      first call set it (scanned layers, which the resumed state is stored as);
+#      the code may change between calls (from the second call on, its encoder's
+#      odd length 111 runs cuDNN instead of the einsum, equal up to rounding).
 #   3. the input pipeline on the host's cores (text -> batches), with what is left.
 # Carried in ignored folders: .whl (grain, array_record, ml_collections, portpicker,
 # tensorboardX wheels for Python 3.12) and .grow: data/*.jsonl.xz (the text, chosen
@@ -31,9 +37,11 @@ TAIL_S=${TAIL_S:-45}; WORKERS=${WORKERS:-8}; GROW=${GROW:-.grow}
 IDS=${IDS:-/tmp/ids}; RUN=${RUN:-/tmp/grow}  # (the same paths in every call)
 P1="--dtype=bfloat16 --attention_impls=auto --dropout=0 --steps=10 --repeats=3 --ceiling=8192"
 A="--sizes=base --seq_lens=512 --tokens_per_batch=65536"
+S="--sizes=8x128 --seq_lens=128 --tokens_per_batch=32768"
 LAYERS=8; BATCH=256; EVAL_EVERY=2000; LOG_EVERY=200; LIMIT=110
 if [ "${SMOKE:-0}" = 1 ]; then  # The same phases at toy sizes, on any machine.
   P1="$P1 --steps=2 --repeats=1 --ceiling=256"; A="--sizes=tiny --seq_lens=64 --tokens_per_batch=512"
+  S="--sizes=2x64 --seq_lens=64 --tokens_per_batch=512"
   LAYERS=2; BATCH=8; EVAL_EVERY=20; LOG_EVERY=10; GROW_TFLOPS=${GROW_TFLOPS_SMOKE:-0.05}
   LIMIT=240
 fi
@@ -47,12 +55,11 @@ PREPARE=$!
 
 # ---------------------------------------------------------------- 1. levers
 if [ "${LEVERS:-1}" = 1 ]; then
-  tp scanned $LIMIT $A --objectives=mlm,maelm --scan_layers
-  tp unrolled $((LIMIT + 30)) $A --objectives=mlm,maelm --profile_dir=/tmp/profile
+  tp base512 $((LIMIT + 40)) $A --objectives=mlm,maelm,3ml-cross --profile_dir=/tmp/profile
   for d in /tmp/profile/*; do
     [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=12 >> $OUT/logs/profile.txt 2>&1
   done
-  tp shared $LIMIT benchmarks/shared_bias_bound.py $A --objectives=mlm
+  tp shape128 $LIMIT $S --objectives=mlm,maelm-cross
 fi
 
 # ---------------------------------------------------------------- 2. grow

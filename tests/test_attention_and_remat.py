@@ -53,21 +53,23 @@ def assert_trees_close(a, b, tol):
                                err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("objective,decoder_type", [("mlm", None), ("maelm", "cross"),
-                                                    ("3ml", "self")])
+@pytest.mark.parametrize("objective,decoder_type,seq_len",
+                         [("mlm", None, 32), ("maelm", "cross", 32), ("3ml", "self", 32),
+                          ("mlm", None, 33), ("maelm", "cross", 33), ("3ml", "cross", 33)])
 def test_fused_attention_call_matches_the_einsum_with_bias_gradients(
-    monkeypatch, objective, decoder_type):
+    monkeypatch, objective, decoder_type, seq_len):
   """The cuDNN path's exact call (q/k/v layout, scale, padding and relative bias
-  folded into one additive bias), run through jax.nn.dot_product_attention's XLA
-  implementation: on a GPU only the kernel changes. Loss and every gradient,
-  the relative-bias tables' included, equal the einsum path's."""
+  folded into one additive bias, odd lengths padded to even as cuDNN's training
+  kernel needs), run through jax.nn.dot_product_attention's XLA implementation:
+  on a GPU only the kernel changes. Loss and every gradient, the relative-bias
+  tables' included, equal the einsum path's."""
   overrides = {"model.ln_type": "pre", "model.dropout": 0.0,
                "model.attention_dropout": 0.0, "model.relative_bias_init": "local",
                "model.decoder_relative_position_bias": True}
   if decoder_type:
     overrides["model.decoder_type"] = decoder_type
   cfg = build(objective, **overrides)
-  ids = random_ids(4, 32, VOCAB, num_pad=5)  # Padding exercises the mask bias.
+  ids = random_ids(4, seq_len, VOCAB, num_pad=5)  # Padding exercises the mask bias.
   reference_loss, reference_grads = loss_and_grads(
       model_lib.dataclasses.replace(cfg, attention_impl="xla"), ids)
 
@@ -75,14 +77,16 @@ def test_fused_attention_call_matches_the_einsum_with_bias_gradients(
   calls = []
 
   def fused_via_xla(q, k, v, bias, implementation):
-    calls.append(implementation)
-    return original(q, k, v, bias, implementation="xla")
+    calls.append((implementation, q.shape[1], k.shape[1]))
+    return original(q, k, v, bias, implementation="xla", pad_odd=True)
 
   monkeypatch.setattr(attention, "fused_attention", fused_via_xla)
   monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
                       lambda self, dropout_active, q_len, kv_len: "cudnn")
   loss, grads = loss_and_grads(cfg, ids)
-  assert calls and set(calls) == {"cudnn"}
+  assert calls and {impl for impl, _, _ in calls} == {"cudnn"}
+  if seq_len % 2:  # Odd lengths went through the padding (L; L - K or K).
+    assert any(n % 2 or m % 2 for _, n, m in calls)
   np.testing.assert_allclose(float(loss), float(reference_loss), rtol=1e-6)
   assert_trees_close(grads, reference_grads, tol=2e-6)
   table = grads["encoder"]["relative_bias"]["table"]
@@ -97,7 +101,8 @@ def test_attention_impl_resolves_by_platform_dtype_and_dropout():
   assert bf16.attention_backend(False) == ("cudnn" if jax.default_backend() == "gpu"
                                            else "xla")
   assert bf16.attention_backend(True) == "xla"  # Attention dropout: no fused kernel.
-  assert bf16.attention_backend(False, 111, 111) == "xla"  # Odd: cuDNN refuses.
+  # Odd lengths are padded to even for cuDNN's kernel: they do not decide.
+  assert bf16.attention_backend(False, 19, 111) == bf16.attention_backend(False)
   forced = model_lib.dataclasses.replace(cfg, attention_impl="cudnn")
   with pytest.raises(ValueError) as error:
     forced.attention_backend(True, 19, 111)
@@ -105,9 +110,41 @@ def test_attention_impl_resolves_by_platform_dtype_and_dropout():
   assert "bfloat16 (model.dtype is float32)" in message
   assert "no attention dropout" in message
   assert "attention_impl='auto'" in message
-  assert "even sequence lengths (queries 19, keys 111)" in message
+  assert "even" not in message
   if jax.default_backend() != "gpu":
     assert "a CUDA GPU (this is cpu)" in message
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(7, 7), (19, 111), (20, 9)])
+def test_odd_lengths_padded_for_cudnn_give_the_unpadded_attention(q_len, kv_len):
+  """`fused_attention(pad_odd=True)`, the padding cuDNN's training kernel needs,
+  run through the XLA implementation: the output and the gradients of q, k, v
+  and the bias equal the same call at the odd lengths, also for a row whose
+  every key is masked and a bias already padded once (as model.Stack does)."""
+  rng = np.random.default_rng(q_len * 1000 + kv_len)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, n, 3, 8)), jnp.float32)
+             for n in (q_len, kv_len, kv_len))
+  bias = rng.standard_normal((2, 3, q_len, kv_len)).astype(np.float32)
+  bias[0, :, :, kv_len // 2:] = model_lib.NEG_INF  # Padding keys.
+  bias[1, :, 0, :] = model_lib.NEG_INF  # A query that sees only masked keys.
+  bias = jnp.asarray(bias)
+  cotangent = jnp.asarray(rng.standard_normal((2, q_len, 3, 8)), jnp.float32)
+
+  def run(pad_odd, prepad=False):
+    def f(q, k, v, bias):
+      if prepad:
+        bias = attention.pad_bias(bias, attention.even_length(q_len),
+                                  attention.even_length(kv_len))
+      return attention.fused_attention(q, k, v, bias, "xla", pad_odd=pad_odd)
+    out, vjp = jax.vjp(f, q, k, v, bias)
+    return (out, *vjp(cotangent))
+
+  reference = run(False)
+  for padded in (run(True), run(True, prepad=True)):
+    assert padded[0].shape == (2, q_len, 3, 8)
+    for name, x, y in zip(("out", "dq", "dk", "dv", "dbias"), padded, reference):
+      np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5,
+                                 atol=1e-5, err_msg=name)
 
 
 KERNEL_OVERRIDES = {"model.ln_type": "pre", "model.dropout": 0.0,

@@ -113,10 +113,12 @@ def resolve(impl: str, *, dtype, head_dim: int, dropout_active: bool,
 
 def cudnn_unmet(dtype, head_dim: int, dropout_active: bool, q_len: int,
                 kv_len: int) -> list[str]:
-  """cuDNN flash attention's conditions as jax checks them: half precision, head
-  size a multiple of 8 up to 128, and with a bias whose gradient is taken, even
-  query and key lengths (MAE-LM's encoder length L - K and the cross decoder's K
-  can be odd: those layers use the einsum)."""
+  """cuDNN flash attention's conditions as jax checks them: half precision and a
+  head size that is a multiple of 8 up to 128. Its training kernel with a bias
+  also wants even query and key lengths; odd ones (MAE-LM's encoder length L - K,
+  the cross decoder's K) are padded by one (`fused_attention`), so any length runs
+  it."""
+  del q_len, kv_len
   why = []
   if target_platform() != "gpu":
     why.append(f"a CUDA GPU (this is {target_platform()})")
@@ -126,8 +128,6 @@ def cudnn_unmet(dtype, head_dim: int, dropout_active: bool, q_len: int,
     why.append("no attention dropout (set attention_dropout=0)")
   if head_dim % 8 or head_dim > 128:
     why.append(f"a head size that is a multiple of 8 up to 128 (it is {head_dim})")
-  if q_len % 2 or kv_len % 2:
-    why.append(f"even sequence lengths (queries {q_len}, keys {kv_len})")
   return why
 
 
@@ -166,16 +166,54 @@ def config_errors(impl: str, *, dtype: str, attention_dropout: float,
   return []
 
 
-def fused_attention(q, k, v, bias, implementation: str):
+def even_length(length: int) -> int:
+  """The length cuDNN's training kernel runs at: `length` rounded up to even."""
+  return length + length % 2
+
+
+def pad_bias(bias, q_len: int, kv_len: int):
+  """An additive bias [B|1, H|1, n|1, m] padded to `q_len` query rows (bias 0: the
+  padded queries' outputs are cut off) and `kv_len` keys (`PADDED_KEY_BIAS`: no
+  query attends to them), as a kernel that runs longer lengths reads it. A bias
+  already at those lengths is returned as it is."""
+  rows = 0 if bias.shape[2] == 1 else q_len - bias.shape[2]
+  cols = kv_len - bias.shape[3]
+  if rows:
+    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, rows), (0, 0)))
+  if cols:
+    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, cols)),
+                   constant_values=PADDED_KEY_BIAS)
+  return bias
+
+
+def fused_attention(q, k, v, bias, implementation: str, pad_odd: bool | None = None):
   """`jax.nn.dot_product_attention` on [B, n|m, H, d] q/k/v with our additive
   float32 bias [B|1, H|1, n, m], broadcast to the full [B, H, n, m] and cast to the
   activation dtype (cuDNN takes a bias of the inputs' dtype and shape). The same
-  call with implementation='xla' is what the CPU tests compare with the einsum."""
+  call with implementation='xla' is what the CPU tests compare with the einsum.
+
+  cuDNN's training kernel with a bias takes even lengths only (jax refuses odd
+  ones), so with `pad_odd` (default: for 'cudnn') an odd query length gets one more
+  query, whose output is cut off, and an odd key length one more key, which no
+  query attends to (`pad_bias`): the result and every gradient are the unpadded
+  attention's, as for `tpu_flash_attention`'s blocks. A bias that `model.Stack`
+  padded already (once for all layers) is used as it is."""
   b, n, h, _ = q.shape
-  bias = jnp.broadcast_to(bias, (b, h, n, k.shape[1])).astype(q.dtype)
-  return jax.nn.dot_product_attention(q, k, v, bias=bias,
-                                      scale=1.0 / math.sqrt(q.shape[-1]),
-                                      implementation=implementation)
+  m = k.shape[1]
+  if pad_odd is None:
+    pad_odd = implementation == "cudnn"
+  n_run, m_run = (even_length(n), even_length(m)) if pad_odd else (n, m)
+  if n_run > n:
+    q = jnp.pad(q, ((0, 0), (0, n_run - n), (0, 0), (0, 0)))
+  if m_run > m:
+    k = jnp.pad(k, ((0, 0), (0, m_run - m), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, m_run - m), (0, 0), (0, 0)))
+  bias = jnp.broadcast_to(pad_bias(bias, n_run, m_run),
+                          (b, h, n_run, m_run)).astype(q.dtype)
+  out = jax.nn.dot_product_attention(q, k, v, bias=bias,
+                                     scale=1.0 / math.sqrt(q.shape[-1]),
+                                     implementation=implementation)
+  return out[:, :n]
 
 
 TPU_BLOCK = 128  # The kernel's lengths are multiples of its 128-wide blocks.
@@ -216,9 +254,7 @@ def tpu_flash_attention(q, k, v, bias):
     q = jnp.pad(q, ((0, 0), (0, 0), (0, n_pad), (0, 0)))
     k = jnp.pad(k, ((0, 0), (0, 0), (0, m_pad), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, 0), (0, m_pad), (0, 0)))
-    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, n_pad), (0, 0)))
-    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, m_pad)),
-                   constant_values=PADDED_KEY_BIAS)
+    bias = pad_bias(bias, n + n_pad, m + m_pad)
   bq, bk = _flash_block(n + n_pad), _flash_block(m + m_pad)
   blocks = tpu_kernel.BlockSizes(
       block_q=bq, block_k_major=bk, block_k=bk, block_b=1,

@@ -350,12 +350,14 @@ class TransformerLayer(nn.Module):
 
 def _bias_for_kernel(cfg, bias, dropout_active: bool, q_len: int, kv_len: int):
   """The additive bias as the layers' attention reads it: cuDNN takes it in the
-  activation dtype, so it is cast here once rather than in every layer, and its
+  activation dtype, at even lengths (`attention.fused_attention` pads odd ones),
+  so it is padded and cast here once rather than in every layer, and its
   gradient accumulates across the layers in that dtype (half the bytes, and no
   per-layer conversion of a [B, H, n, m] tensor; benchmarks/RESULTS.md, "GPU
   throughput"). Other kernels and the einsum keep float32."""
   if cfg.attention_backend(dropout_active, q_len, kv_len) == "cudnn":
-    return bias.astype(cfg.dtype)
+    return attention.pad_bias(bias, attention.even_length(q_len),
+                              attention.even_length(kv_len)).astype(cfg.dtype)
   return bias
 
 
