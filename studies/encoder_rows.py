@@ -21,6 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.collect_rows import write_rows  # noqa: E402
+from maelm_jax.modeling.model import SIZES  # noqa: E402
 
 TASKS = ("sst2", "qnli", "cola")
 
@@ -32,15 +33,22 @@ def encoder_row(name: str, workdir: str, blimp: dict, scores: dict) -> dict:
     metrics = [json.loads(line) for line in f if line.strip()]
   evals = [m for m in metrics if "eval/mask_accuracy" in m]
   last_step = max(m["step"] for m in metrics)
+  # A run stopped between log steps (SIGTERM) saved a later step than it logged.
+  checkpoint_dir = os.path.join(workdir, "checkpoints")
+  if os.path.isdir(checkpoint_dir):
+    last_step = max([last_step] + [int(d) for d in os.listdir(checkpoint_dir)
+                                   if d.isdigit()])
   model = config["model"]
+  size = SIZES[model.get("size", "tiny")]  # (layers, hidden, ...): keys left at 0.
   flops_per_step = config["total_flops"] / config["total_steps"]
   glue = (scores.get(name) or {}).get("glue", {})
   row = {
       "name": name, "objective": model["objective"],
       "decoder_type": model.get("decoder_type"),
-      "shape": f"{model.get('num_layers')}x{model.get('hidden')}",
+      "shape": f"{model.get('num_layers') or size[0]}x{model.get('hidden') or size[1]}",
       "batch_size": config["batch_size"], "seq_len": config["seq_len"],
-      "steps": last_step, "flops": flops_per_step * last_step,
+      "steps": last_step, "schedule_steps": config["total_steps"],
+      "flops": flops_per_step * last_step,
       "tokens": last_step * config["batch_size"] * config["seq_len"],
       "heldout_mask_accuracy": evals[-1]["eval/mask_accuracy"] if evals else None,
       "blimp": (blimp.get(os.path.basename(os.path.normpath(workdir))) or {}).get("mean"),

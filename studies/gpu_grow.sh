@@ -15,7 +15,7 @@
 #      GROW_TFLOPS spread over as many calls as it takes. The run's workdir (its
 #      newest checkpoint only: parameters, Adam moments, the data iterator) comes
 #      back as grow.tar.partNN; the next call carries those parts in .grow/parts and
-#      this same script resumes the run, bit for bit where it stopped: the token ids
+#      this same script resumes the run where it stopped: the token ids
 #      are prepared again from the same text into the same path, and prepare_data
 #      writes one shard per text file, the same shards each time. The run is stopped
 #      by SIGTERM (which saves) at its share of the call. Its config stays as the
