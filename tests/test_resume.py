@@ -83,9 +83,9 @@ def reference(tmp_path_factory, tokenizer_file):
   return values
 
 
-def interrupt(workdir, tokenizer_file, sig, after_steps=12):
+def interrupt(workdir, tokenizer_file, sig, *extra, after_steps=12):
   """Starts a run, sends `sig` once `after_steps` steps are logged."""
-  process = subprocess.Popen(command(workdir, tokenizer_file), cwd=REPO,
+  process = subprocess.Popen(command(workdir, tokenizer_file, *extra), cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
   deadline = time.time() + 300
@@ -124,6 +124,54 @@ def test_sigterm_saves_at_the_next_step_and_exits_0(tmp_path, tokenizer_file,
   steps, values = losses(tmp_path)
   assert steps == list(range(1, TOTAL_STEPS + 1))
   np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file):
+  """Issue 40's device calls (studies/gpu_grow.sh): a run stopped by SIGTERM on one
+  machine goes on on another that kept none of its files. Its workdir travels as
+  tar parts; its token ids are prepared again from the same text into the same
+  path. Unpacked there and resumed, it logs the uninterrupted run's losses."""
+  import lzma
+  import shutil
+  import tarfile
+  from maelm_jax.data import prepare_data, sources
+  texts = tmp_path / "text"
+  texts.mkdir()
+  docs = sources.open_source("pydoc:", "train")
+  for name, part in (("a", range(0, 150)), ("b", range(150, 300))):
+    with lzma.open(texts / f"{name}.jsonl.xz", "wt", encoding="utf-8") as f:
+      f.writelines(json.dumps({"text": docs[i]}) + "\n" for i in part)
+  ids = tmp_path / "ids"
+
+  def prepare():
+    prepare_data.prepare(f"text:{texts}/*.jsonl.xz", str(ids),
+                         tokenizer_path=tokenizer_file, workers=2)
+
+  prepare()
+  extra = (f"--config.data.source=arrayrecord:{ids}",)
+  run(tmp_path / "reference", tokenizer_file, *extra)
+  reference_steps, reference_losses = losses(tmp_path / "reference")
+  workdir = tmp_path / "run"
+  returncode, _ = interrupt(workdir, tokenizer_file, signal.SIGTERM, *extra)
+  assert returncode == 0 and steps_logged(workdir) < TOTAL_STEPS
+  packed = tmp_path / "workdir.tar"
+  with tarfile.open(packed, "w") as tar:
+    tar.add(workdir, arcname=".")
+  data = packed.read_bytes()
+  parts = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+  assert len(parts) > 1  # Travels as several files, as 16 MiB parts do.
+  shutil.rmtree(workdir)  # The other machine has nothing of the run...
+  shutil.rmtree(ids)
+  prepare()  # ...and prepares the same token ids from the same text.
+  packed.write_bytes(b"".join(parts))
+  workdir.mkdir()
+  with tarfile.open(packed) as tar:
+    tar.extractall(workdir, filter="data")
+  out = run(workdir, tokenizer_file, *extra)
+  assert "resumed from" in out.stderr
+  steps, values = losses(workdir)
+  assert steps == reference_steps == list(range(1, TOTAL_STEPS + 1))
+  np.testing.assert_allclose(values, reference_losses, rtol=1e-6, atol=1e-6)
 
 
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path,
