@@ -20,13 +20,13 @@ def build(objective, **overrides):
   return model_lib.ModelConfig.from_config(config.model, vocab_size=VOCAB, mask_id=4)
 
 
-def loss_fn_and_params(cfg, ids, seed=1, params=None):
+def loss_fn_and_params(cfg, ids, seed=1, params=None, right_padded=False):
   """The summed masked-LM loss as a function of the params, and fresh params
   (or `params`, when given: no init is run)."""
   masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids),
                              cfg.mask_counts(ids.shape[1]), mask_id=4,
                              vocab_size=VOCAB)
-  model = model_lib.MaskedLM(cfg)
+  model = model_lib.MaskedLM(cfg, right_padded=right_padded)
   if params is None:
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), masks)["params"])
 
@@ -37,8 +37,8 @@ def loss_fn_and_params(cfg, ids, seed=1, params=None):
   return loss_fn, params
 
 
-def loss_and_grads(cfg, ids):
-  loss_fn, params = loss_fn_and_params(cfg, ids)
+def loss_and_grads(cfg, ids, right_padded=False):
+  loss_fn, params = loss_fn_and_params(cfg, ids, right_padded=right_padded)
   return jax.jit(jax.value_and_grad(loss_fn))(params)
 
 
@@ -53,16 +53,21 @@ def assert_trees_close(a, b, tol):
                                err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("objective,decoder_type,seq_len",
-                         [("mlm", None, 32), ("maelm", "cross", 32), ("3ml", "self", 32),
-                          ("mlm", None, 33), ("maelm", "cross", 33), ("3ml", "cross", 33)])
+@pytest.mark.parametrize("objective,decoder_type,seq_len,right_padded",
+                         [("mlm", None, 32, False), ("maelm", "cross", 32, False),
+                          ("3ml", "self", 32, False), ("mlm", None, 33, False),
+                          ("maelm", "cross", 33, False), ("3ml", "cross", 33, False),
+                          ("mlm", None, 33, True), ("maelm", "cross", 32, True),
+                          ("3ml", "self", 33, True)])
 def test_fused_attention_call_matches_the_einsum_with_bias_gradients(
-    monkeypatch, objective, decoder_type, seq_len):
+    monkeypatch, objective, decoder_type, seq_len, right_padded):
   """The cuDNN path's exact call (q/k/v layout, scale, padding and relative bias
   folded into one additive bias, odd lengths padded to even as cuDNN's training
-  kernel needs), run through jax.nn.dot_product_attention's XLA implementation:
-  on a GPU only the kernel changes. Loss and every gradient, the relative-bias
-  tables' included, equal the einsum path's."""
+  kernel needs; with `right_padded`, as pretraining and fine-tuning run, the
+  padding as cuDNN's key lengths and MLM's bias shared by the batch), run through
+  jax.nn.dot_product_attention's XLA implementation: on a GPU only the kernel
+  changes. Loss and every gradient, the relative-bias tables' included, equal the
+  einsum path's with the padding mask as given."""
   overrides = {"model.ln_type": "pre", "model.dropout": 0.0,
                "model.attention_dropout": 0.0, "model.relative_bias_init": "local",
                "model.decoder_relative_position_bias": True}
@@ -70,23 +75,32 @@ def test_fused_attention_call_matches_the_einsum_with_bias_gradients(
     overrides["model.decoder_type"] = decoder_type
   cfg = build(objective, **overrides)
   ids = random_ids(4, seq_len, VOCAB, num_pad=5)  # Padding exercises the mask bias.
+  ids[1, -8:] = 0  # Rows of other lengths.
+  ids[2, -5:] = np.where(np.arange(5) == 0, 3, 0)
   reference_loss, reference_grads = loss_and_grads(
       model_lib.dataclasses.replace(cfg, attention_impl="xla"), ids)
 
   original = attention.fused_attention
   calls = []
 
-  def fused_via_xla(q, k, v, bias, implementation):
-    calls.append((implementation, q.shape[1], k.shape[1]))
-    return original(q, k, v, bias, implementation="xla", pad_odd=True)
+  def fused_via_xla(q, k, v, bias, implementation, key_lengths=None):
+    calls.append((implementation, q.shape[1], k.shape[1],
+                  None if bias is None else bias.shape[0], key_lengths is not None))
+    return original(q, k, v, bias, implementation="xla", pad_odd=True,
+                    key_lengths=key_lengths)
 
   monkeypatch.setattr(attention, "fused_attention", fused_via_xla)
   monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
                       lambda self, dropout_active, q_len, kv_len: "cudnn")
-  loss, grads = loss_and_grads(cfg, ids)
-  assert calls and {impl for impl, _, _ in calls} == {"cudnn"}
+  loss, grads = loss_and_grads(cfg, ids, right_padded=right_padded)
+  assert calls and {call[0] for call in calls} == {"cudnn"}
   if seq_len % 2:  # Odd lengths went through the padding (L; L - K or K).
-    assert any(n % 2 or m % 2 for _, n, m in calls)
+    assert any(n % 2 or m % 2 for _, n, m, _, _ in calls)
+  # The encoder's self-attention (the first call): the padding as key lengths
+  # where rows are right-padded; then MLM's bias is one [1, H, L, L] for the batch.
+  _, _, _, bias_batch, lengths = calls[0]
+  assert lengths == right_padded
+  assert bias_batch == (1 if right_padded and objective == "mlm" else len(ids))
   np.testing.assert_allclose(float(loss), float(reference_loss), rtol=1e-6)
   assert_trees_close(grads, reference_grads, tol=2e-6)
   table = grads["encoder"]["relative_bias"]["table"]

@@ -397,9 +397,10 @@ def test_cudnn_gets_its_bias_in_the_activation_dtype_cast_once(monkeypatch):
   params = init(cfg, masks)
   seen = []
 
-  def fused_via_xla(q, k, v, bias, implementation):
+  def fused_via_xla(q, k, v, bias, implementation, key_lengths=None):
     seen.append(bias.dtype)
-    return attention.fused_attention.__wrapped__(q, k, v, bias, "xla")
+    return attention.fused_attention.__wrapped__(q, k, v, bias, "xla", pad_odd=True,
+                                                 key_lengths=key_lengths)
 
   fused_via_xla.__wrapped__ = attention.fused_attention
   monkeypatch.setattr(attention, "fused_attention", fused_via_xla)

@@ -80,7 +80,8 @@ class SequenceClassifier(nn.Module):
   @nn.compact
   def __call__(self, input_ids):
     """input_ids int32 [B, L] -> float32 [B, num_outputs]."""
-    hidden = Encoder(self.cfg, self.deterministic, name="backbone")(input_ids)
+    hidden = Encoder(self.cfg, self.deterministic, right_padded=True,
+                     name="backbone")(input_ids)
     return ClassificationHead(self.num_outputs, self.cfg.hidden, self.cfg.dropout,
                               self.cfg.dtype, self.deterministic,
                               name="head")(pool(hidden, input_ids, self.pooling))
@@ -95,7 +96,8 @@ class SpanExtractor(nn.Module):
   @nn.compact
   def __call__(self, input_ids):
     """input_ids int32 [B, L] -> (start, end) float32 logits, each [B, L]."""
-    hidden = Encoder(self.cfg, self.deterministic, name="backbone")(input_ids)
+    hidden = Encoder(self.cfg, self.deterministic, right_padded=True,
+                     name="backbone")(input_ids)
     logits = nn.Dense(2, dtype=self.cfg.dtype, name="span_head",
                       kernel_init=_kernel(("embed", None)),
                       bias_init=_bias((None,)))(hidden).astype(jnp.float32)

@@ -186,7 +186,8 @@ def pad_bias(bias, q_len: int, kv_len: int):
   return bias
 
 
-def fused_attention(q, k, v, bias, implementation: str, pad_odd: bool | None = None):
+def fused_attention(q, k, v, bias, implementation: str, pad_odd: bool | None = None,
+                    key_lengths=None):
   """`jax.nn.dot_product_attention` on [B, n|m, H, d] q/k/v with our additive
   float32 bias [B|1, H|1, n, m], broadcast to the full [B, H, n, m] and cast to the
   activation dtype (cuDNN takes a bias of the inputs' dtype and shape). The same
@@ -197,7 +198,9 @@ def fused_attention(q, k, v, bias, implementation: str, pad_odd: bool | None = N
   query, whose output is cut off, and an odd key length one more key, which no
   query attends to (`pad_bias`): the result and every gradient are the unpadded
   attention's, as for `tpu_flash_attention`'s blocks. A bias that `model.Stack`
-  padded already (once for all layers) is used as it is."""
+  padded already (once for all layers) is used as it is. `key_lengths` (int32 [B]):
+  row b's keys from key_lengths[b] on are padding, for cuDNN its padding mask, so
+  that the bias can stay shared across the batch ([1, H, n, m]) or be None."""
   b, n, h, _ = q.shape
   m = k.shape[1]
   if pad_odd is None:
@@ -208,10 +211,14 @@ def fused_attention(q, k, v, bias, implementation: str, pad_odd: bool | None = N
   if m_run > m:
     k = jnp.pad(k, ((0, 0), (0, m_run - m), (0, 0), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, m_run - m), (0, 0), (0, 0)))
-  bias = jnp.broadcast_to(pad_bias(bias, n_run, m_run),
-                          (b, h, n_run, m_run)).astype(q.dtype)
+  if bias is not None:  # The batch axis stays as it comes: 1 or B.
+    bias = jnp.broadcast_to(pad_bias(bias, n_run, m_run),
+                            (bias.shape[0], h, n_run, m_run)).astype(q.dtype)
+  elif m_run > m and key_lengths is None:
+    raise ValueError("an odd key length without a bias needs key_lengths")
   out = jax.nn.dot_product_attention(q, k, v, bias=bias,
                                      scale=1.0 / math.sqrt(q.shape[-1]),
+                                     key_value_seq_lengths=key_lengths,
                                      implementation=implementation)
   return out[:, :n]
 

@@ -256,8 +256,10 @@ class Attention(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x_q, x_kv, bias):
-    """bias: additive float32 [B|1, H|1, n, m] (padding mask + position bias)."""
+  def __call__(self, x_q, x_kv, bias, key_lengths=None):
+    """bias: additive float32 [B|1, H|1, n, m] (padding mask + position bias), or
+    None; key_lengths: int32 [B], given only where cuDNN runs and the padding mask
+    is not in the bias: row b's keys from key_lengths[b] on are padding."""
     cfg = self.cfg
     proj = lambda name: nn.DenseGeneral(
         (cfg.num_heads, cfg.head_dim), dtype=cfg.dtype, name=name,
@@ -273,7 +275,8 @@ class Attention(nn.Module):
     backend = cfg.attention_backend(dropout_active, x_q.shape[1], x_kv.shape[1])
     attention.record_choice(self.scope.path, backend, x_q.shape[1], x_kv.shape[1])
     if backend == "cudnn":
-      out = attention.fused_attention(q, k, v, bias, implementation="cudnn")
+      out = attention.fused_attention(q, k, v, bias, implementation="cudnn",
+                                      key_lengths=key_lengths)
     elif backend == "tpu_flash":
       out = attention.tpu_flash_attention(q, k, v, bias)
     else:
@@ -326,7 +329,7 @@ class TransformerLayer(nn.Module):
   activation_dropout_rate: float | None = None  # None: dropout_rate.
 
   @nn.compact
-  def __call__(self, x, self_bias, memory=None, cross_bias=None):
+  def __call__(self, x, self_bias, memory=None, cross_bias=None, self_key_lengths=None):
     cfg, det = self.cfg, self.deterministic
     drop = lambda y: nn.Dropout(self.dropout_rate)(y, deterministic=det)
     attn = lambda name: Attention(cfg, self.attention_dropout_rate, det, name=name)
@@ -337,7 +340,8 @@ class TransformerLayer(nn.Module):
         return x + drop(fn(_layer_norm(cfg, f"{name}_ln")(x)))
       return _layer_norm(cfg, f"{name}_ln")(x + drop(fn(x)))
 
-    x = sublayer(x, lambda h: attn("self_attn")(h, h, self_bias), "self_attn")
+    x = sublayer(x, lambda h: attn("self_attn")(h, h, self_bias, self_key_lengths),
+                 "self_attn")
     if self.cross_attention:
       x = sublayer(x, lambda h: attn("cross_attn")(h, memory, cross_bias),
                    "cross_attn")
@@ -355,7 +359,7 @@ def _bias_for_kernel(cfg, bias, dropout_active: bool, q_len: int, kv_len: int):
   gradient accumulates across the layers in that dtype (half the bytes, and no
   per-layer conversion of a [B, H, n, m] tensor; benchmarks/RESULTS.md, "GPU
   throughput"). Other kernels and the einsum keep float32."""
-  if cfg.attention_backend(dropout_active, q_len, kv_len) == "cudnn":
+  if bias is not None and cfg.attention_backend(dropout_active, q_len, kv_len) == "cudnn":
     return attention.pad_bias(bias, attention.even_length(q_len),
                               attention.even_length(kv_len)).astype(cfg.dtype)
   return bias
@@ -364,6 +368,15 @@ def _bias_for_kernel(cfg, bias, dropout_active: bool, q_len: int, kv_len: int):
 def _padding_bias(key_valid):
   """[B, m] bool -> additive [B, 1, 1, m]."""
   return jnp.where(key_valid, 0.0, NEG_INF)[:, None, None, :].astype(jnp.float32)
+
+
+def row_lengths(valid):
+  """[B, n] bool -> int32 [B]: one past each row's last real token, the length of
+  a row padded at its end (a [PAD] inside a row, which the pipelines never make,
+  would count as a token)."""
+  n = valid.shape[1]
+  last = jnp.max(jnp.where(valid, jnp.arange(1, n + 1)[None, :], 0), axis=1)
+  return last.astype(jnp.int32)
 
 
 def _positions_table(cfg, name):
@@ -388,9 +401,15 @@ class Stack(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, key_valid, memory=None, memory_valid=None,
-               memory_positions=None):
-    """x: [B, n, D] token vectors at original `positions` [B, n]; `memory` [B, m, D]
-    (cross-attention) sits at original `memory_positions` [B, m]."""
+               memory_positions=None, key_lengths=None):
+    """x: [B, n, D] token vectors at original `positions` [B|1, n] (one row: the
+    same for every row, so the relative bias is [1, H, n, n], 128x fewer bytes for
+    an attention kernel to read and its gradient to write at batch 128); `memory`
+    [B, m, D] (cross-attention) sits at original `memory_positions` [B, m].
+    key_lengths: int32 [B], where the caller knows its rows are padded at their
+    end only (`Encoder.right_padded`): row b's tokens from key_lengths[b] on are
+    padding, for every kernel, and cuDNN takes them as its key lengths instead of
+    a padding mask in the bias, which then stays [1, H, n, n]."""
     cfg = self.cfg
     x = x + _positions_table(cfg, "position_embed")(positions).astype(x.dtype)
     if cfg.ln_type == "post":  # BERT/RoBERTa: LayerNorm on the summed embeddings.
@@ -398,17 +417,23 @@ class Stack(nn.Module):
     x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
     x = _constrain(x.astype(cfg.dtype), ("batch", "act_len", "act_embed"))
 
-    self_bias = _padding_bias(key_valid)
+    dropout_active = self.attention_dropout_rate > 0 and not self.deterministic
+    n = x.shape[1]
+    if key_lengths is not None:  # One rule for every kernel: a prefix of the row.
+      key_valid = jnp.arange(n)[None, :] < key_lengths[:, None]
+    lengths_in_kernel = (key_lengths is not None and
+                         cfg.attention_backend(dropout_active, n, n) == "cudnn")
+    self_key_lengths = key_lengths.astype(jnp.int32) if lengths_in_kernel else None
+    self_bias = None if lengths_in_kernel else _padding_bias(key_valid)
     if self.relative_position_bias:
       # Computed once, added in every layer.
-      self_bias = self_bias + RelativePositionBias(cfg, name="relative_bias")(
-          positions, positions)
+      relative = RelativePositionBias(cfg, name="relative_bias")(positions, positions)
+      self_bias = relative if self_bias is None else self_bias + relative
     cross_bias = None if memory is None else _padding_bias(memory_valid)
     if memory is not None and self.relative_position_bias:
       # Queries and memory share one position axis (the original sequence).
       cross_bias = cross_bias + RelativePositionBias(
           cfg, name="cross_relative_bias")(positions, memory_positions)
-    dropout_active = self.attention_dropout_rate > 0 and not self.deterministic
     self_bias = _bias_for_kernel(cfg, self_bias, dropout_active, x.shape[1], x.shape[1])
     if memory is not None:
       cross_bias = _bias_for_kernel(cfg, cross_bias, dropout_active, x.shape[1],
@@ -422,19 +447,21 @@ class Stack(nn.Module):
     if cfg.scan_layers:
       scanned = nn.scan(layer_cls, variable_axes={"params": 0},
                         split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                        in_axes=(nn.broadcast,) * 4,
                         length=self.num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = scanned(cfg, self.dropout_rate, self.attention_dropout_rate,
                      self.deterministic, self.cross_attention, True,
                      self.activation_dropout_rate,
-                     name=param_layout.SCANNED_LAYERS)(x, self_bias, memory, cross_bias)
+                     name=param_layout.SCANNED_LAYERS)(x, self_bias, memory, cross_bias,
+                                                       self_key_lengths)
     else:
       for i in range(self.num_layers):
         x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,
                       self.deterministic, self.cross_attention,
                       activation_dropout_rate=self.activation_dropout_rate,
-                      name=f"layer_{i}")(x, self_bias, memory, cross_bias)
+                      name=f"layer_{i}")(x, self_bias, memory, cross_bias,
+                                         self_key_lengths)
     if cfg.ln_type == "pre":
       x = _layer_norm(cfg, "final_ln")(x)
     return x
@@ -469,6 +496,11 @@ class Encoder(nn.Module):
 
   cfg: ModelConfig
   deterministic: bool = True
+  # True where every row is padded at its end only, as the pretraining and
+  # fine-tuning pipelines build them (`[CLS] tokens [SEP] [PAD]...`): a row then
+  # runs up to its last real token (`row_lengths`), and cuDNN takes that length
+  # instead of a padding mask in its bias. False (any `valid`): the mask as given.
+  right_padded: bool = False
 
   def setup(self):
     cfg = self.cfg
@@ -482,13 +514,15 @@ class Encoder(nn.Module):
                          name="encoder")
 
   def encode(self, input_ids, positions, valid):
-    return self.encoder(self.token_embed(input_ids), positions, valid)
+    lengths = row_lengths(valid) if self.right_padded else None
+    return self.encoder(self.token_embed(input_ids), positions, valid,
+                        key_lengths=lengths)
 
   def __call__(self, input_ids, positions=None, valid=None):
-    """input_ids [B, n] at original positions [B, n] (default 0..n-1); valid marks
-    real (non-padding) tokens. Returns [B, n, D]."""
+    """input_ids [B, n] at original positions [B|1, n] (default 0..n-1 for every
+    row); valid marks real (non-padding) tokens. Returns [B, n, D]."""
     if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+      positions = jnp.arange(input_ids.shape[1])[None, :]
     if valid is None:
       valid = input_ids != 0  # [PAD]
     return self.encode(input_ids, positions, valid)
@@ -516,7 +550,11 @@ class MaskedLM(Encoder):
     """Returns float32 logits [B, K, V] at `masks.selected_positions`."""
     cfg = self.cfg
     enc_valid = masks.encoder_ids != 0
-    enc_out = self.encode(masks.encoder_ids, masks.encoder_positions, enc_valid)
+    # Without removal every row keeps every position, in order: one row stands for
+    # all, and the relative bias is shared across the batch.
+    enc_positions = (masks.encoder_positions if cfg.drop_masked
+                     else masks.encoder_positions[:1])
+    enc_out = self.encode(masks.encoder_ids, enc_positions, enc_valid)
     if cfg.decoder_type == "none":
       # MLM: the encoder ran on all L positions; read the selected ones.
       hidden = jnp.take_along_axis(enc_out, masks.selected_positions[..., None],
@@ -528,7 +566,7 @@ class MaskedLM(Encoder):
               if cfg.drop_masked else enc_out)
       seq_len = full.shape[1]
       if cfg.decoder_type == "self":
-        positions = jnp.broadcast_to(jnp.arange(seq_len), full.shape[:2])
+        positions = jnp.arange(seq_len)[None, :]
         full_valid = jnp.ones(full.shape[:2], bool)
         if cfg.drop_masked:  # padding slots keep their place among the visible;
           # removed slots that only fill the static count are not read either.

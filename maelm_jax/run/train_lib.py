@@ -287,7 +287,8 @@ def _split_microbatches(tree, num_micro: int):
 
 def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: int = 1):
   """Returns train_step(state, batch) -> (state, metrics); jit it with shardings."""
-  model = MaskedLM(model_cfg, deterministic=False)
+  # The pipeline's rows are `[CLS] tokens [SEP] [PAD]...` (pipeline.PackRowsIterDataset).
+  model = MaskedLM(model_cfg, deterministic=False, right_padded=True)
   counts = model_cfg.mask_counts(seq_len)
 
   def train_step(state: TrainState, batch):
@@ -366,7 +367,7 @@ def make_eval_step(model_cfg: ModelConfig, seq_len: int):
   kept tokens, which a model copies from its input.
   """
   del seq_len  # The batch carries it.
-  model = MaskedLM(model_cfg, deterministic=True)
+  model = MaskedLM(model_cfg, deterministic=True, right_padded=True)
 
   def eval_step(params, batch, eval_rng, batch_index):
     masks = draw_eval_masks(model_cfg, batch["input_ids"], eval_rng, batch_index)
