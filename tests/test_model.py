@@ -411,3 +411,29 @@ def test_cudnn_gets_its_bias_in_the_activation_dtype_cast_once(monkeypatch):
     model_lib.MaskedLM(cfg).apply({"params": params}, masks)
     assert ({jnp.dtype(d) for d in seen} == {jnp.dtype(expected)}) if expected \
         else not seen
+
+
+def test_rows_padded_at_their_end_run_to_their_last_token(monkeypatch):
+  """`Encoder.right_padded` (the pipelines' rows): a row's length is one past its
+  last real token, at least 1, and a row of padding only (a batch filled up) stays
+  finite on the einsum and on the cuDNN call with key lengths (run through jax's
+  XLA implementation), with the same outputs."""
+  from maelm_jax.modeling import attention
+  valid = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0],
+                       [1, 0, 1, 0, 0]], bool)
+  np.testing.assert_array_equal(model_lib.row_lengths(valid), [3, 5, 1, 3])
+  cfg = build("mlm", **{"model.attention_dropout": 0.0, "model.dropout": 0.0})
+  ids = random_ids(3, 16, VOCAB, num_pad=4)
+  ids[2] = 0  # Padding only.
+  encoder = model_lib.Encoder(cfg, right_padded=True)
+  params = encoder.init(jax.random.PRNGKey(0), ids)
+  einsum = encoder.apply(params, ids)
+  original = attention.fused_attention
+  monkeypatch.setattr(attention, "fused_attention",
+                      lambda q, k, v, bias, implementation, key_lengths=None: original(
+                          q, k, v, bias, "xla", pad_odd=True, key_lengths=key_lengths))
+  monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
+                      lambda self, *a: "cudnn")
+  fused = encoder.apply(params, ids)
+  assert np.isfinite(np.asarray(einsum)).all() and np.isfinite(np.asarray(fused)).all()
+  np.testing.assert_allclose(np.asarray(fused), np.asarray(einsum), rtol=1e-5, atol=1e-5)

@@ -373,10 +373,11 @@ def _padding_bias(key_valid):
 def row_lengths(valid):
   """[B, n] bool -> int32 [B]: one past each row's last real token, the length of
   a row padded at its end (a [PAD] inside a row, which the pipelines never make,
-  would count as a token)."""
+  would count as a token). At least 1: a row of padding only (a batch filled up)
+  attends to its first slot, so that no kernel sees a row without keys."""
   n = valid.shape[1]
   last = jnp.max(jnp.where(valid, jnp.arange(1, n + 1)[None, :], 0), axis=1)
-  return last.astype(jnp.int32)
+  return jnp.maximum(last, 1).astype(jnp.int32)
 
 
 def _positions_table(cfg, name):
