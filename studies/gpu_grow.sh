@@ -69,21 +69,34 @@ if ls $GROW/parts/grow.tar.part* > /dev/null 2>&1; then
   mkdir -p $RUN && cat $GROW/parts/grow.tar.part* | tar -C $RUN -xf - &&
     stamp "resuming from step $(ls $RUN/checkpoints | grep -E '^[0-9]+$' | sort -n | tail -1)"
 fi
-RUN_S=$(( $(left) - BRING_BACK_S - TAIL_S ))
-stamp "grow: ${RUN_S}s of a ${GROW_TFLOPS} TFLOP schedule"
-timeout -s TERM $RUN_S $PY -m maelm_jax.main --config=configs/compare.py:size=tiny \
-  --config.model.num_layers=$LAYERS --config.model.objective=maelm \
-  --config.model.decoder_type=cross --config.model.dtype=bfloat16 \
-  --config.model.scan_layers=True --config.model.dropout=0 \
-  --config.model.attention_dropout=0 --config.model.attention_impl=auto \
-  --config.learning_rate=1e-3 --config.warmup_ratio=0.06 \
-  --config.batch_size=$BATCH --config.seq_len=128 \
-  --config.tokenizer.path=$GROW/tokenizer.model --config.data.source=arrayrecord:$IDS \
-  --config.data.num_workers=$WORKERS --config.eval_every=$EVAL_EVERY --config.eval_batches=20 \
-  --config.log_every=$LOG_EVERY --config.checkpoint_every=$EVAL_EVERY \
-  --config.keep_checkpoints=1 --config.total_flops=${GROW_TFLOPS}e12 \
-  --workdir=$RUN > $OUT/logs/grow.log 2>&1
-stamp "grow rc=$? at step $(ls $RUN/checkpoints 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)"
+grow() {  # grow ATTENTION_IMPL LOG: the run until its share of the call.
+  local run_s=$(( $(left) - BRING_BACK_S - TAIL_S ))
+  stamp "grow ($1): ${run_s}s of a ${GROW_TFLOPS} TFLOP schedule"
+  timeout -s TERM $run_s $PY -m maelm_jax.main --config=configs/compare.py:size=tiny \
+    --config.model.num_layers=$LAYERS --config.model.objective=maelm \
+    --config.model.decoder_type=cross --config.model.dtype=bfloat16 \
+    --config.model.scan_layers=True --config.model.dropout=0 \
+    --config.model.attention_dropout=0 --config.model.attention_impl=$1 \
+    --config.learning_rate=1e-3 --config.warmup_ratio=0.06 \
+    --config.batch_size=$BATCH --config.seq_len=128 \
+    --config.tokenizer.path=$GROW/tokenizer.model --config.data.source=arrayrecord:$IDS \
+    --config.data.num_workers=$WORKERS --config.eval_every=$EVAL_EVERY --config.eval_batches=20 \
+    --config.log_every=$LOG_EVERY --config.checkpoint_every=$EVAL_EVERY \
+    --config.keep_checkpoints=1 --config.total_flops=${GROW_TFLOPS}e12 \
+    --workdir=$RUN > $OUT/logs/$2 2>&1
+  local rc=$?
+  stamp "grow ($1) rc=$rc at step $(ls $RUN/checkpoints 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)"
+  return $rc
+}
+grow auto grow.log
+RC=$?
+# A kernel path that fails on this machine (an error, not the time limit: 124) must
+# not cost the call: the same run goes on with the einsum (attention_impl is a
+# runtime choice; a run resumes under another).
+if [ $RC -ne 0 ] && [ $RC -ne 124 ] && [ $(( $(left) - BRING_BACK_S - TAIL_S )) -gt 60 ]; then
+  rm -f $RUN/.lock
+  grow xla grow_xla.log
+fi
 cp $RUN/metrics.jsonl $OUT/logs/grow_metrics.jsonl 2>/dev/null
 rm -f $RUN/.lock
 tar -C $RUN -cf - . | split -b 15M -d - $OUT/grow.tar.part
