@@ -424,7 +424,7 @@ class Stack(nn.Module):
       key_valid = jnp.arange(n)[None, :] < key_lengths[:, None]
     lengths_in_kernel = (key_lengths is not None and
                          cfg.attention_backend(dropout_active, n, n) == "cudnn")
-    self_key_lengths = key_lengths.astype(jnp.int32) if lengths_in_kernel else None
+    self_key_lengths = key_lengths if lengths_in_kernel else None  # (int32)
     self_bias = None if lengths_in_kernel else _padding_bias(key_valid)
     if self.relative_position_bias:
       # Computed once, added in every layer.
