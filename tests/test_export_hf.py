@@ -521,11 +521,17 @@ def test_a_squad_export_loads_in_transformers5(squad_exports, tmp_path):
 @pytest.fixture(scope="module")
 def decoder_exports(tmp_path_factory):
   """A MAE-LM (self-attention decoder) and a 3ML (cross-attention decoder) run,
+  and a 3ML run with the BabyLM knobs (GEGLU, NormFormer's LayerNorms, post-LN
+  and no relative bias: without the knobs that would export as RoBERTa),
   exported with their decoder and LM head."""
   root = tmp_path_factory.mktemp("decoders")
   exports = {}
   for name, overrides in (("maelm", {"objective": "maelm"}),
-                          ("3ml", {"objective": "3ml", "model.decoder_type": "cross"})):
+                          ("3ml", {"objective": "3ml", "model.decoder_type": "cross"}),
+                          ("knobs", {"objective": "3ml", "model.decoder_type": "cross",
+                                     "model.mlp_activation": "geglu",
+                                     "model.normformer": True, "model.ln_type": "post",
+                                     "model.relative_position_bias": False})):
     workdir = pretrain(root / name, **overrides)
     assert export_hf.export(str(workdir), str(root / f"{name}_hf"),
                             with_lm_head=True) == "maelm"
@@ -550,7 +556,7 @@ def jax_decoder_logits(workdir, ids, slots):
   return np.asarray(model_lib.MaskedLM(cfg).apply({"params": p.params}, masks))[0]
 
 
-@pytest.mark.parametrize("name", ["maelm", "3ml"])
+@pytest.mark.parametrize("name", ["maelm", "3ml", "knobs"])
 def test_a_decoder_exports_and_fills_masks_as_the_jax_model(decoder_exports, name):
   """AutoModelForMaskedLM of an MAE-LM / 3ML export: at the [MASK] slots its
   logits are the JAX pretraining model's (the slots removed before the encoder,
@@ -581,7 +587,7 @@ def test_a_decoder_exports_and_fills_masks_as_the_jax_model(decoder_exports, nam
 
 def test_a_decoder_export_fills_masks_in_transformers5(decoder_exports, tmp_path):
   python = transformers5_python()
-  workdir, out = decoder_exports["3ml"]
+  workdir, out = decoder_exports["knobs"]  # 3ML's cross decoder, GEGLU, NormFormer.
   ids = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)(
       FILL_MASK_TEXT)["input_ids"]
   slot = jax_decoder_logits(workdir, ids, [ids.index(4)])[0].astype(np.float64)

@@ -437,3 +437,54 @@ def test_rows_padded_at_their_end_run_to_their_last_token(monkeypatch):
   fused = encoder.apply(params, ids)
   assert np.isfinite(np.asarray(einsum)).all() and np.isfinite(np.asarray(fused)).all()
   np.testing.assert_allclose(np.asarray(fused), np.asarray(einsum), rtol=1e-5, atol=1e-5)
+
+
+def _float32(cfg):
+  return cfg.__class__(**{**cfg.__dict__, "dtype": jnp.float32})
+
+
+def test_geglu_is_gelu_of_one_projection_times_the_other():
+  cfg = _float32(build("mlm", **{"model.mlp_activation": "geglu"}))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, cfg.hidden)), jnp.float32)
+  mlp = model_lib.Mlp(cfg, 0.0, True)
+  params = nn.meta.unbox(mlp.init(jax.random.PRNGKey(0), x)["params"])
+  assert set(params) == {"wi_0", "wi_1", "wo"}  # MaxText's names for a gated FFN.
+  dense = lambda p, h: h @ p["kernel"] + p["bias"]
+  expected = dense(params["wo"], jax.nn.gelu(dense(params["wi_0"], x), approximate=False)
+                   * dense(params["wi_1"], x))
+  np.testing.assert_allclose(mlp.apply({"params": params}, x), expected,
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("normformer", [False, True])
+def test_normformer_norms_each_attention_output_and_the_ffn_hidden_units(normformer):
+  """With NormFormer's LayerNorms, scaling an attention's output projection, or
+  GEGLU's linear half, changes nothing (a LayerNorm follows each); without
+  them it changes the encoder's output."""
+  cfg = _float32(build("3ml", **{"model.decoder_type": "cross",
+                                 "model.mlp_activation": "geglu",
+                                 "model.normformer": normformer,
+                                 # At init a branch's output is small enough
+                                 # for RoBERTa's 1e-5 to matter.
+                                 "model.layer_norm_eps": 1e-12}))
+  ids = random_ids(2, 32, VOCAB)
+  masks = draw(cfg, ids)
+  params = init(cfg, masks)
+  layer = params["decoder"]["layer_0"]
+  has = {"self_attn_out_ln", "cross_attn_out_ln"} <= set(layer)
+  assert has == normformer and ("mid_ln" in layer["mlp"]) == normformer
+  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  for path in (("encoder", "layer_0", "self_attn", "out"),
+               ("encoder", "layer_1", "mlp", "wi_1"),
+               ("decoder", "layer_0", "cross_attn", "out")):
+    scaled = jax.tree.map(lambda x: x, params)
+    node = scaled
+    for key in path[:-1]:
+      node = node[key]
+    node[path[-1]] = jax.tree.map(lambda x: 3.0 * x, node[path[-1]])
+    moved = np.abs(np.asarray(model_lib.MaskedLM(cfg).apply({"params": scaled}, masks)
+                              - logits)).max()
+    if normformer:
+      assert moved < 1e-3, (path, moved)
+    else:
+      assert moved > 1e-2, (path, moved)

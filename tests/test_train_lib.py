@@ -220,11 +220,13 @@ def test_finetuning_runs_from_before_layer_decay_resume_as_they_ran():
   assert config_lib.resume_flags(saved, decayed) == ["--config.layer_decay=1.0"]
 
 
-@pytest.mark.parametrize("objective,decoder", [("maelm", "self"), ("3ml", "cross"),
-                                               ("mlm", "none")])
-def test_flop_model_matches_xla_cost_analysis(objective, decoder):
+@pytest.mark.parametrize("objective,decoder,activation", [
+    ("maelm", "self", "gelu"), ("3ml", "cross", "gelu"), ("mlm", "none", "gelu"),
+    ("3ml", "cross", "geglu")])
+def test_flop_model_matches_xla_cost_analysis(objective, decoder, activation):
   overrides = {"model.hidden": 256, "model.num_heads": 4, "model.mlp": 1024,
-               "model.relative_position_bias": False}
+               "model.relative_position_bias": False,
+               "model.mlp_activation": activation}
   if objective == "3ml":
     overrides["model.decoder_type"] = decoder
   config = tiny_config(objective, **overrides)
@@ -309,3 +311,28 @@ def test_every_objective_learns_to_read_the_context(objective, decoder):
   # Chance is ~1/123; reading the neighbours' copies gets close to 1.
   assert np.mean(accuracies[:10]) < 0.1
   assert np.mean(accuracies[-20:]) > 0.9, accuracies[::20]
+
+
+def test_pretraining_with_relative_updates_moves_each_scanned_layer_by_the_rate():
+  """LAMB as a pretraining key: every tensor of an MAE-LM (its scanned encoder
+  and decoder, each layer on its own) moves by the rate times its norm."""
+  config = tiny_config("maelm", **{"model.scan_layers": True, "model.decoder_layers": 2,
+                                   "learning_rate": 1e-2, "warmup_steps": 0,
+                                   "weight_decay": 0.0, "relative_updates": True})
+  cfg = model_lib.ModelConfig.from_config(config.model, VOCAB, 4)
+  masks = train_lib._dummy_masks(cfg, config.seq_len)  # pylint: disable=protected-access
+  params = nn.meta.unbox(model_lib.MaskedLM(cfg).init(jax.random.PRNGKey(0),
+                                                      masks)["params"])
+  params = jax.tree.map(lambda p: p * 3.0 + 0.5, params)  # No zero tensors.
+  grads = jax.tree.map(lambda p: jnp.asarray(np.random.default_rng(1).normal(
+      size=p.shape), p.dtype), params)
+  tx = train_lib.make_optimizer(config)
+  updates = tx.update(grads, tx.init(params), params)[0]
+  flat_p, flat_u = _by_name(params), _by_name(updates)
+  stacked = [name for name in flat_p if "['layers']" in name]
+  assert any(name.startswith("['decoder']") for name in stacked)
+  for name, p in flat_p.items():
+    p, u = np.asarray(p), np.asarray(flat_u[name])
+    for p_i, u_i in (zip(p, u) if name in stacked else [(p, u)]):
+      np.testing.assert_allclose(np.linalg.norm(u_i), 1e-2 * np.linalg.norm(p_i),
+                                 rtol=1e-4)

@@ -59,6 +59,10 @@ def get_config(arg=None):
   config.adam_b2 = 0.98  # AdamW's second-moment decay (RoBERTa's 0.98).
   config.adam_eps = 1e-6  # AdamW's epsilon.
   config.grad_clip_norm = 2.0  # Gradients are clipped to this global norm.
+  # True: LAMB. Each tensor's AdamW step is rescaled to the tensor's norm, so
+  # learning_rate is the relative change per step (train_lib.scale_by_relative_size;
+  # the fine-tuning configs' key of the same name).
+  config.relative_updates = False
   config.grad_accum_steps = 1  # Microbatches per step: the same update in less memory.
   config.seed = 0  # Parameters, masks, dropout and data order.
   # Steps between log records (metrics.jsonl, TensorBoard, console).
@@ -135,6 +139,12 @@ def get_config(arg=None):
   config.model.relative_bias_init = "normal"  # or "local" (model.local_relative_bias_init)
   # Residual branches' output projections start at 0.
   config.model.zero_init_residual = False
+  # The FFN: 'gelu' or 'geglu' (LTG-BERT / GPT-BERT; one more matrix, which
+  # flops.py counts: mlp at 2/3 keeps the FLOPs). docs/knobs: model.py.
+  config.model.mlp_activation = "gelu"
+  # NormFormer's extra LayerNorms: on each attention's output and on the FFN's
+  # hidden units (LTG-BERT has them).
+  config.model.normformer = False
   config.model.dropout = 0.1  # Dropout on embeddings and residual branches.
   # Dropout on attention probabilities (0 lets fused kernels run).
   config.model.attention_dropout = 0.1

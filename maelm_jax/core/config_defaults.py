@@ -44,6 +44,8 @@ ADDED_KEYS = {
     # The FFN's inner dropout was `dropout` before it had its own key.
     "model.activation_dropout": SameAs("model.dropout"),
     "activation_dropout": SameAs("dropout"),
+    "model.mlp_activation": "gelu",
+    "model.normformer": False,
     "layer_decay": 1.0,  # Fine-tuning's layer-wise learning-rate decay: off.
     "relative_updates": False,  # Fine-tuning's LAMB-style relative updates: off.
 }

@@ -94,7 +94,8 @@ def check_out_dir(out: str, overwrite: bool) -> None:
 
 def architecture(model_cfg) -> str:
   """"roberta" where transformers has the architecture, else "maelm"."""
-  if model_cfg.ln_type == "post" and not model_cfg.relative_position_bias:
+  if (model_cfg.ln_type == "post" and not model_cfg.relative_position_bias
+      and model_cfg.mlp_activation == "gelu" and not model_cfg.normformer):
     return "roberta"
   return "maelm"
 
@@ -162,7 +163,8 @@ def maelm_tensors(params, model_cfg, with_lm_head: bool, head=None) -> dict:
     for i in range(num_layers):
       layer = p[f"layer_{i}"]
       out["layers"][str(i)] = {
-          name: ({k: _dense(layer[name][k]) for k in layer[name]}
+          name: ({k: (_ln if k.endswith("_ln") else _dense)(layer[name][k])
+                  for k in layer[name]}
                  if name.endswith("attn") or name == "mlp" else _ln(layer[name]))
           for name in layer}
     return out
@@ -289,7 +291,9 @@ def hf_config(kind: str, model_cfg, with_lm_head: bool, finetuned: dict | None =
               relative_position_bias=model_cfg.relative_position_bias,
               relative_buckets=model_cfg.relative_buckets,
               relative_max_distance=model_cfg.relative_max_distance,
-              untie_cls_position=model_cfg.untie_cls_position)
+              untie_cls_position=model_cfg.untie_cls_position,
+              mlp_activation=model_cfg.mlp_activation,
+              normformer=model_cfg.normformer)
 
 
 # --------------------------------------------------------------------------

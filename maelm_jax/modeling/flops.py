@@ -67,8 +67,14 @@ def _attention_flops(n_queries: int, n_keys: int, d: int) -> int:
   return 2 * 2 * n_queries * n_keys * d
 
 
-def _layer_flops(n_queries: int, n_keys: int, d: int, f: int) -> int:
-  projections_and_mlp = 2 * n_queries * (4 * d * d + 2 * d * f)
+def _mlp_matrices(cfg: ModelConfig) -> int:
+  """d x mlp matrices of the FFN: wi and wo, and GEGLU's gate (wi_0, wi_1, wo)."""
+  return 3 if cfg.mlp_activation == "geglu" else 2
+
+
+def _layer_flops(n_queries: int, n_keys: int, d: int, f: int,
+                 mlp_matrices: int = 2) -> int:
+  projections_and_mlp = 2 * n_queries * (4 * d * d + mlp_matrices * d * f)
   return projections_and_mlp + _attention_flops(n_queries, n_keys, d)
 
 
@@ -91,12 +97,12 @@ def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int) -> dict[str, int]
   """Forward-pass FLOPs of one sequence, split by part."""
   counts = cfg.mask_counts(seq_len)
   d, f, k = cfg.hidden, cfg.mlp, counts.num_selected
-  n_enc = counts.encoder_len
-  parts = {"encoder": cfg.num_layers * _layer_flops(n_enc, n_enc, d, f)}
+  n_enc, m = counts.encoder_len, _mlp_matrices(cfg)
+  parts = {"encoder": cfg.num_layers * _layer_flops(n_enc, n_enc, d, f, m)}
   if cfg.decoder_type == "self":
-    parts["decoder"] = cfg.decoder_layers * _layer_flops(seq_len, seq_len, d, f)
+    parts["decoder"] = cfg.decoder_layers * _layer_flops(seq_len, seq_len, d, f, m)
   elif cfg.decoder_type == "cross":
-    self_attention = _layer_flops(k, k, d, f)
+    self_attention = _layer_flops(k, k, d, f, m)
     # Cross-attention: Q and output projections on the K queries, K/V projections
     # on the encoder outputs, and the scores/values of K queries x n_enc keys.
     cross = 2 * (2 * k * d * d) + 2 * (2 * n_enc * d * d) + 2 * 2 * k * n_enc * d

@@ -52,6 +52,7 @@ OBJECTIVES = {
 }
 DECODER_TYPES = ("none", "self", "cross")
 LN_TYPES = ("post", "pre")
+MLP_ACTIVATIONS = ("gelu", "geglu")
 NEG_INF = -1e9  # additive mask; finite so fully-masked rows stay NaN-free.
 
 # What a rematerialised layer keeps from its forward pass for the backward pass
@@ -92,6 +93,16 @@ class ModelConfig:
   # 'local': attention starts out preferring near neighbours (see
   # `local_relative_bias_init`); 'normal': BERT's N(0, 0.02), i.e. no preference.
   relative_bias_init: str = "normal"
+  # The FFN: 'gelu' (BERT: wo(gelu(wi x))) or 'geglu' (GLU variants, Shazeer
+  # 2020; LTG-BERT and GPT-BERT, the BabyLM winners: wo(gelu(wi_0 x) * wi_1 x)).
+  # GEGLU has a third d x mlp matrix: flops.py counts it, and mlp at 2/3 of
+  # GELU's keeps the FLOPs and the parameters.
+  mlp_activation: str = "gelu"
+  # NormFormer's extra LayerNorms (Shleifer et al. 2021; as LTG-BERT has them):
+  # one on each attention's output before the residual add (`<site>_out_ln`),
+  # one on the FFN's hidden units before `wo` (`mlp/mid_ln`). Elementwise work
+  # only: the FLOP model (matmuls) does not change.
+  normformer: bool = False
   # Zero-initialised output projections of every residual branch (attention
   # `out`, MLP `wo`): each layer starts as the identity (Fixup / ReZero style).
   zero_init_residual: bool = False
@@ -154,6 +165,8 @@ class ModelConfig:
         untie_cls_position=defaults.get(model_cfg, "untie_cls_position", "model"),
         relative_bias_init=defaults.get(model_cfg, "relative_bias_init", "model"),
         zero_init_residual=defaults.get(model_cfg, "zero_init_residual", "model"),
+        mlp_activation=defaults.get(model_cfg, "mlp_activation", "model"),
+        normformer=defaults.get(model_cfg, "normformer", "model"),
         dropout=model_cfg.dropout,
         attention_dropout=model_cfg.attention_dropout,
         activation_dropout=defaults.get(model_cfg, "activation_dropout", "model"),
@@ -309,9 +322,16 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.cfg
-    h = _dense(cfg, cfg.mlp, "wi", ("embed", "mlp"), "mlp")(x)
-    h = nn.gelu(h, approximate=False)
+    if cfg.mlp_activation == "geglu":  # MaxText's names for a gated FFN.
+      h = (nn.gelu(_dense(cfg, cfg.mlp, "wi_0", ("embed", "mlp"), "mlp")(x),
+                   approximate=False)
+           * _dense(cfg, cfg.mlp, "wi_1", ("embed", "mlp"), "mlp")(x))
+    else:
+      h = nn.gelu(_dense(cfg, cfg.mlp, "wi", ("embed", "mlp"), "mlp")(x),
+                  approximate=False)
     h = _constrain(h, ("batch", "act_len", "act_mlp"))
+    if cfg.normformer:
+      h = _layer_norm(cfg, "mid_ln")(h)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
     return _dense(cfg, cfg.hidden, "wo", ("mlp", "embed"), "norm",
                   init=_residual_out_init(cfg))(h)
@@ -336,6 +356,8 @@ class TransformerLayer(nn.Module):
     pre = cfg.ln_type == "pre"
 
     def sublayer(x, fn, name):
+      if cfg.normformer and name != "mlp":  # NormFormer: the branch's output normed.
+        fn = lambda h, branch=fn: _layer_norm(cfg, f"{name}_out_ln")(branch(h))
       if pre:
         return x + drop(fn(_layer_norm(cfg, f"{name}_ln")(x)))
       return _layer_norm(cfg, f"{name}_ln")(x + drop(fn(x)))

@@ -216,6 +216,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
        "set only model.remat_policy")
   need(m.ln_type in model_lib.LN_TYPES,
        f"model.ln_type={m.ln_type!r} must be one of {model_lib.LN_TYPES}")
+  need(defaults.get(config, "model.mlp_activation") in model_lib.MLP_ACTIVATIONS,
+       f"model.mlp_activation={m.get('mlp_activation')!r} must be one of "
+       f"{model_lib.MLP_ACTIVATIONS}")
+  need(defaults.get(config, "model.normformer") in (True, False),
+       f"model.normformer={m.get('normformer')!r} must be True or False")
   need(m.dtype in ("bfloat16", "float32"),
        f"model.dtype={m.dtype!r} must be 'bfloat16' or 'float32'")
   hidden = m.get("hidden") or model_lib.SIZES[m.size][1]

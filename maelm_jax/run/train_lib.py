@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maelm_jax.modeling import attention, masking
+from maelm_jax.modeling import attention, masking, param_layout
 from maelm_jax.core import config_defaults as defaults, sharding
 from maelm_jax.modeling.model import MaskedLM, ModelConfig, masked_lm_loss
 
@@ -137,16 +137,19 @@ def scale_by_relative_size() -> optax.GradientTransformation:
   and embeddings end 2-5x their initial RMS; studies/RESULTS.md, "Does
   pretraining pay?"), so under plain AdamW, whose steps have a fixed absolute
   size, one learning rate moves a pretrained encoder 2-5x less, relatively, than
-  a freshly initialised one. A stacked leaf of scanned layers is normed per
-  layer, as the unrolled layers are. Zero-norm tensors (biases at init) keep the
-  plain update.
+  a freshly initialised one. Why pretraining may want it: LAMB pretrained BERT
+  at large batches, and the BabyLM winners (LTG-BERT) pretrain with it
+  (`relative_updates` in configs/pretrain.py). A stacked leaf of scanned layers
+  is normed per layer, as the unrolled layers are. Zero-norm tensors (biases at
+  init) keep the plain update.
   """
 
   def update(updates, state, params):
-    depths, _ = encoder_depths(params)
 
-    def rescale(u, p, depth):
-      per_layer = np.ndim(depth) > 0  # Scanned: reduce all but the layer axis.
+    def rescale(path, u, p):
+      # A scanned stack's leaf (the encoder's or a pretraining decoder's): reduce
+      # all but the layer axis.
+      per_layer = param_layout.SCANNED_LAYERS in _dict_keys(path)
       axes = tuple(range(1, p.ndim)) if per_layer else None
       param_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes,
                                     keepdims=per_layer))
@@ -156,7 +159,7 @@ def scale_by_relative_size() -> optax.GradientTransformation:
                         param_norm / jnp.maximum(update_norm, 1e-30), 1.0)
       return (u * ratio).astype(u.dtype)
 
-    return jax.tree.map(rescale, updates, params, depths), state
+    return jax.tree_util.tree_map_with_path(rescale, updates, params), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 

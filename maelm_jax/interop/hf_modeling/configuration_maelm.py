@@ -18,6 +18,9 @@ class MaelmConfig(PretrainedConfig):
     stores the run's exact buckets, T5's or the MAE-LM release's).
   untie_cls_position: position 0 ([CLS]) neither gives nor gets that bias
     (False for recipe=paper, as the MAE-LM release).
+  mlp_activation: "gelu" (wo(gelu(wi x))) or "geglu" (wo(gelu(wi_0 x) * wi_1 x)).
+  normformer: NormFormer's extra LayerNorms, on each attention's output and on
+    the FFN's hidden units.
   """
 
   model_type = "maelm"
@@ -29,6 +32,7 @@ class MaelmConfig(PretrainedConfig):
                 relative_position_bias=True, relative_buckets=32,
                 relative_max_distance=128, untie_cls_position=True,
                 layer_norm_eps=1e-5, objective="maelm",
+                mlp_activation="gelu", normformer=False,
                 pooling="cls",  # A fine-tuned classifier's: "cls" or "mean".
                 # The pretraining decoder (MAE-LM, 3ML), exported --with_lm_head.
                 decoder_type="none", decoder_layers=0,

@@ -90,14 +90,27 @@ class MaelmAttention(nn.Module):
 
 
 class MaelmMlp(nn.Module):
+  """wo(gelu(wi x)), or GEGLU's wo(gelu(wi_0 x) * wi_1 x); NormFormer's
+  `mid_ln` on the hidden units before wo."""
 
   def __init__(self, config):
     super().__init__()
-    self.wi = nn.Linear(config.hidden_size, config.intermediate_size)
-    self.wo = nn.Linear(config.intermediate_size, config.hidden_size)
+    d, f = config.hidden_size, config.intermediate_size
+    self.geglu = getattr(config, "mlp_activation", "gelu") == "geglu"
+    if self.geglu:
+      self.wi_0, self.wi_1 = nn.Linear(d, f), nn.Linear(d, f)
+    else:
+      self.wi = nn.Linear(d, f)
+    if getattr(config, "normformer", False):
+      self.mid_ln = nn.LayerNorm(f, eps=config.layer_norm_eps)
+    self.wo = nn.Linear(f, d)
 
   def forward(self, x):
-    return self.wo(F.gelu(self.wi(x)))  # Exact (erf) GELU, as in maelm-jax.
+    # Exact (erf) GELU, as in maelm-jax.
+    h = F.gelu(self.wi_0(x)) * self.wi_1(x) if self.geglu else F.gelu(self.wi(x))
+    if hasattr(self, "mid_ln"):
+      h = self.mid_ln(h)
+    return self.wo(h)
 
 
 class MaelmLayer(nn.Module):
@@ -107,21 +120,30 @@ class MaelmLayer(nn.Module):
     super().__init__()
     eps = config.layer_norm_eps
     self.pre = config.ln_type == "pre"
-    self.self_attn = MaelmAttention(config)
-    self.self_attn_ln = nn.LayerNorm(config.hidden_size, eps=eps)
-    if cross_attention:
-      self.cross_attn = MaelmAttention(config)
-      self.cross_attn_ln = nn.LayerNorm(config.hidden_size, eps=eps)
+    normformer = getattr(config, "normformer", False)
+    sites = ("self_attn", "cross_attn") if cross_attention else ("self_attn",)
+    for site in sites:
+      setattr(self, site, MaelmAttention(config))
+      setattr(self, f"{site}_ln", nn.LayerNorm(config.hidden_size, eps=eps))
+      if normformer:  # NormFormer: each attention's output normed.
+        setattr(self, f"{site}_out_ln", nn.LayerNorm(config.hidden_size, eps=eps))
     self.mlp = MaelmMlp(config)
     self.mlp_ln = nn.LayerNorm(config.hidden_size, eps=eps)
 
   def _sublayer(self, x, fn, ln):
     return x + fn(ln(x)) if self.pre else ln(x + fn(x))
 
+  def _attention(self, site, *args):
+    out_ln = getattr(self, f"{site}_out_ln", None)
+    def branch(h):
+      out = getattr(self, site)(h, *args)
+      return out if out_ln is None else out_ln(out)
+    return branch
+
   def forward(self, x, bias, memory=None, cross_bias=None):
-    x = self._sublayer(x, lambda h: self.self_attn(h, bias), self.self_attn_ln)
+    x = self._sublayer(x, self._attention("self_attn", bias), self.self_attn_ln)
     if hasattr(self, "cross_attn"):
-      x = self._sublayer(x, lambda h: self.cross_attn(h, cross_bias, memory),
+      x = self._sublayer(x, self._attention("cross_attn", cross_bias, memory),
                          self.cross_attn_ln)
     return self._sublayer(x, self.mlp, self.mlp_ln)
 
