@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from maelm_jax.run import train, train_lib
@@ -118,6 +119,10 @@ def no_compile(monkeypatch):
     ({"data.rows": "complete_docs"}, "data.rows='complete_docs' must be 'packed' or"),
     ({"weight_decay_on": "none"}, "weight_decay_on='none' must be 'matrices' or 'all'"),
     ({"model.relative_bucket_fn": "fairseq"}, "relative_bucket_fn='fairseq' must be one"),
+    ({"model.mask_ratio_start": 1.5}, "mask_ratio_start=1.5 must be 0 .* or in"),
+    ({"model.mask_ratio_start": 0.3, "model.mask_ratio_stages": 1},
+     "mask_ratio_stages=1 must be between 2 and 16"),
+    ({"model.mlp_activation": "swiglu"}, "mlp_activation='swiglu' must be one of"),
 ])
 def test_bad_model_knobs_fail_before_compilation(tmp_path, no_compile, overrides,
                                                  message):
@@ -171,3 +176,44 @@ def test_the_release_knobs_train_end_to_end(tmp_path):
   assert evals[-1]["eval/loss"] < 6.0
   saved = json.load(open(tmp_path / "config.json"))
   assert saved["data"]["rows"] == "complete_doc" and saved["weight_decay_on"] == "all"
+
+
+def test_a_decaying_mask_rate_trains_each_stage_at_its_rate_and_resumes_in_it(
+    tmp_path, monkeypatch):
+  """model.mask_ratio_start=0.3 falling to 0.15 in 2 stages of 4 steps: steps 1-2
+  are a 0.3 run's, not a 0.15 run's; a run stopped after step 2 resumes into the
+  second stage exactly; total_flops counts each stage at its own cost."""
+  from maelm_jax.run import config_lib, run_session  # pylint: disable=g-import-not-at-top
+  decay = {"model.mask_ratio_start": 0.3, "model.mask_ratio_stages": 2}
+  common = dict(total_steps=4, log_every=1, eval_every=4, checkpoint_every=4)
+
+  def losses(name, **overrides):
+    train.train_and_evaluate(small_run_config(**common, **overrides), str(tmp_path / name))
+    return [r["train/loss"] for r in read_metrics(tmp_path / name)]
+
+  decayed = losses("decayed", **decay)
+  at_start = losses("at_start", **{"model.mask_ratio": 0.3})
+  at_end = losses("at_end")
+  assert decayed[:2] == at_start[:2] and decayed[0] != at_end[0]
+  assert decayed[2:] != at_start[2:]
+
+  stop = run_session.RunSession.stop_requested
+  monkeypatch.setattr(run_session.RunSession, "stop_requested",
+                      lambda self, step: step == 2 or stop(self, step))
+  assert len(losses("resumed", **decay)) == 2
+  monkeypatch.setattr(run_session.RunSession, "stop_requested", stop)
+  np.testing.assert_allclose(losses("resumed", **decay), decayed, rtol=1e-6)
+
+  config = small_run_config(**common, **decay)
+  assert config_lib.mask_ratios(config) == (0.3, 0.15)
+  assert config_lib.mask_ratios(small_run_config(**{
+      "model.mask_ratio_start": 0.3, "model.mask_ratio_stages": 4})) == (
+          0.3, 0.25, 0.2, 0.15)
+  assert [config_lib.mask_stage(s, 10, 4) for s in range(1, 11)] == [
+      0, 0, 0, 1, 1, 2, 2, 2, 3, 3]
+  per_step = [config_lib.train_flops_per_step(small_run_config(**{"model.mask_ratio": r}))
+              for r in (0.3, 0.15)]
+  assert per_step[0] < per_step[1]  # MAE-LM's encoder sees fewer tokens at 0.3.
+  assert config_lib.train_flops_per_step(config) == round(sum(per_step) / 2)
+  budget = small_run_config(**decay, total_flops=1000 * sum(per_step) / 2)
+  assert budget.total_steps == 1000

@@ -165,6 +165,12 @@ def get_config(arg=None):
   config.model.scan_layers = False
   # Objective knobs; None takes the objective's default (model.OBJECTIVES).
   config.model.mask_ratio = config_dict.placeholder(float)
+  # > 0: the rate starts here and moves linearly to mask_ratio (GPT-BERT,
+  # LTG-BERT: 0.3 -> 0.15) in mask_ratio_stages equal shares of the run, each
+  # its own compiled step (config_lib.mask_ratios); held-out evaluation stays at
+  # mask_ratio, and total_flops counts each stage at its own cost.
+  config.model.mask_ratio_start = 0.0
+  config.model.mask_ratio_stages = 4
   # Share of selected tokens replaced by a random one.
   config.model.random_replace_prob = config_dict.placeholder(float)
   config.model.keep_prob = config_dict.placeholder(float)

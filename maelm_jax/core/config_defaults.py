@@ -44,6 +44,8 @@ ADDED_KEYS = {
     # The FFN's inner dropout was `dropout` before it had its own key.
     "model.activation_dropout": SameAs("model.dropout"),
     "activation_dropout": SameAs("dropout"),
+    "model.mask_ratio_start": 0.0,  # A constant mask rate.
+    "model.mask_ratio_stages": 4,
     "model.mlp_activation": "gelu",
     "model.normformer": False,
     "layer_decay": 1.0,  # Fine-tuning's layer-wise learning-rate decay: off.

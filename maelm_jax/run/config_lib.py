@@ -144,13 +144,53 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
-def train_flops_per_step(config: ml_collections.ConfigDict) -> int:
-  """Train FLOPs of one step of a resolved pretraining config (flops.py)."""
+def mask_ratios(config: ml_collections.ConfigDict) -> tuple[float, ...]:
+  """The mask rate of each stage of a pretraining run, in order.
+
+  (model.mask_ratio,) for a constant rate. With model.mask_ratio_start > 0 the
+  rate moves linearly from mask_ratio_start to mask_ratio (the standard rate,
+  which the held-out evaluation always uses) over model.mask_ratio_stages equal
+  shares of the run: GPT-BERT's and LTG-BERT's decaying masking rate, in steps,
+  because each rate is its own static mask count and so its own compilation.
+  """
+  start = defaults.get(config, "model.mask_ratio_start")
+  if not start:
+    return (config.model.mask_ratio,)
+  stages = defaults.get(config, "model.mask_ratio_stages")
+  end = config.model.mask_ratio
+  return tuple(round(start + (end - start) * s / (stages - 1), 6) for s in range(stages))
+
+
+def mask_stage(step: int, total_steps: int, num_stages: int) -> int:
+  """The stage (index into `mask_ratios`) of 1-based `step`: equal shares of
+  the run, from the step alone, so a resumed run is in the stage it left."""
+  return min(num_stages - 1, (step - 1) * num_stages // max(total_steps, 1))
+
+
+def stage_model_configs(config, model_cfg) -> list:
+  """`model_cfg` at each stage's mask rate (`mask_ratios`)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  return [model_cfg if rate == model_cfg.mask_ratio
+          else dataclasses.replace(model_cfg, mask_ratio=rate)
+          for rate in mask_ratios(config)]
+
+
+def stage_train_flops(config, model_cfg) -> list[int]:
+  """Train FLOPs of one step in each stage (flops.py): MAE-LM's and 3ML's
+  encoders see fewer tokens at a higher mask rate, MLM's head more."""
   from maelm_jax.modeling import flops  # pylint: disable=g-import-not-at-top
+  return [flops.train_flops_per_step(c, config.seq_len, config.batch_size)
+          for c in stage_model_configs(config, model_cfg)]
+
+
+def train_flops_per_step(config: ml_collections.ConfigDict) -> int:
+  """Train FLOPs of one step of a resolved pretraining config (flops.py), the
+  mean over its mask-rate stages (equal shares of the run)."""
   from maelm_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, config.tokenizer.vocab_size, tokenizer.MASK_ID)
-  return flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+  per_stage = stage_train_flops(config, model_cfg)
+  return round(sum(per_stage) / len(per_stage))
 
 
 def steps_for_flops(config: ml_collections.ConfigDict) -> int:
@@ -170,6 +210,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(0.0 < m.mask_ratio < 1.0,
        f"model.mask_ratio={m.mask_ratio} must be in (0, 1), e.g. 0.15 (MLM/MAE-LM) "
        "or 0.5 (3ML)")
+  start = defaults.get(config, "model.mask_ratio_start")
+  stages = defaults.get(config, "model.mask_ratio_stages")
+  need(start == 0.0 or (0.0 < start < 1.0 and start != m.mask_ratio),
+       f"model.mask_ratio_start={start} must be 0 (a constant rate) or in (0, 1) "
+       f"and not model.mask_ratio={m.mask_ratio} (where the rate ends), e.g. 0.3")
+  need(start == 0.0 or (isinstance(stages, int) and 2 <= stages <= 16),
+       f"model.mask_ratio_stages={stages} must be between 2 and 16: each stage's "
+       "rate compiles its own step")
   need(0.0 <= m.random_replace_prob < 1.0 and 0.0 <= m.keep_prob < 1.0 and
        m.random_replace_prob + m.keep_prob < 1.0,
        f"model.random_replace_prob={m.random_replace_prob} and model.keep_prob="

@@ -195,7 +195,9 @@ def describe_launch(config, workdir: str) -> list[str]:
   sizes = {k: sum(x.size for x in jax.tree.leaves(v))
            for k, v in abstract.params.items()}
   encoder = sum(sizes.get(k, 0) for k in ("token_embed", "encoder"))
-  step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+  stage_flops = config_lib.stage_train_flops(config, model_cfg)
+  step_flops = sum(stage_flops) / len(stage_flops)
+  rates = config_lib.mask_ratios(config)
   spec = config.data.source
   if spec.startswith("text:"):
     files = sources.text_files(spec[len("text:"):])
@@ -219,7 +221,9 @@ def describe_launch(config, workdir: str) -> list[str]:
       f"  model      {config.model.objective}/{config.model.size}: "
       f"{sum(sizes.values()) / 1e6:.2f}M parameters ({encoder / 1e6:.2f}M kept for "
       f"fine-tuning: token_embed + encoder); vocabulary {vocab} ({vocab_from})",
-      f"  masks      {model_cfg.mask_counts(config.seq_len)}",
+      f"  masks      {model_cfg.mask_counts(config.seq_len)}"
+      + (f"; the rate goes {' -> '.join(f'{r:g}' for r in rates)} in {len(rates)} "
+         "equal stages (one compile each)" if len(rates) > 1 else ""),
       f"  compute    {step_flops:.3g} train FLOPs/step x {config.total_steps} steps = "
       f"{step_flops * config.total_steps:.3g} FLOPs; batch {config.batch_size} x "
       f"{config.seq_len} tokens",
@@ -317,7 +321,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                                                 config.seed)
       if config.init_from:
         state = pretrained_lib.load_init_from(config, state, state_shardings)
-    train_step, eval_step = program.train_step, program.eval_step
+    eval_step = program.eval_step
     eval_rng = jax.random.PRNGKey(config.seed + train_lib.EVAL_SEED_OFFSET)
     eval_baselines = evaluate_baselines(config, model_cfg, train_source, tokenizer,
                                         eval_ds, mesh, eval_rng)
@@ -327,7 +331,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   # ------------------------------------------------------------- Train loop --
   try:
     schedule = train_lib.learning_rate_schedule(config)
-    step_flops = flops.train_flops_per_step(model_cfg, config.seq_len, config.batch_size)
+    # The mask rate's stages (config_lib.mask_ratios): one for a constant rate.
+    stage_steps = program.stage_train_steps
+    stage_flops = config_lib.stage_train_flops(config, model_cfg)
+    stage_cfgs = config_lib.stage_model_configs(config, model_cfg)
+    stage = None
     peak = flops.peak_flops(override=config.peak_flops_per_device or None)
     tokens_per_step = config.batch_size * config.seq_len
     start_step = int(jax.device_get(state.step))
@@ -341,9 +349,19 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       last = last_logged_metrics(workdir, start_step)
     else:
       logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
-                   config.total_steps, step_flops)
+                   config.total_steps, sum(stage_flops) / len(stage_flops))
     for step in range(start_step + 1, config.total_steps + 1):
       batch = sharding.global_batch(mesh, next(train_iter))
+      step_stage = config_lib.mask_stage(step, config.total_steps, len(stage_steps))
+      if step_stage != stage:
+        stage, step_flops = step_stage, stage_flops[step_stage]
+        train_step = stage_steps[stage]
+        if len(stage_steps) > 1:  # Its first step compiles: left out of the timing.
+          logging.info("mask rate stage %d of %d from step %d: %s", stage + 1,
+                       len(stage_steps), step, stage_cfgs[stage].mask_counts(config.seq_len))
+          if timer_start is not None:
+            jax.block_until_ready(in_flight)
+          timer_start = None
       if timer_start is None:
         logging.info("compiling the train step and running step %d...", step)
         compile_start = time.perf_counter()

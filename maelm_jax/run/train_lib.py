@@ -19,6 +19,7 @@ import optax
 
 from maelm_jax.modeling import attention, masking, param_layout
 from maelm_jax.core import config_defaults as defaults, sharding
+from maelm_jax.run import config_lib
 from maelm_jax.modeling.model import MaskedLM, ModelConfig, masked_lm_loss
 
 EVAL_SEED_OFFSET = 7919  # Eval masks come from their own stream, fixed for the run.
@@ -425,6 +426,9 @@ class Program:
   train_step: Callable  # jitted (state, batch) -> (state, metrics); state donated.
   eval_step: Callable  # jitted; pretraining's eval step, fine-tuning's predict step.
   batch: dict  # name -> ShapeDtypeStruct of one global training batch, sharded.
+  # Pretraining with a mask rate that changes (config_lib.mask_ratios): the
+  # train step of each stage, the last being `train_step` (the standard rate).
+  stage_train_steps: tuple = ()
 
 
 def pretrain_program(config, model_cfg: ModelConfig, mesh) -> Program:
@@ -436,4 +440,11 @@ def pretrain_program(config, model_cfg: ModelConfig, mesh) -> Program:
   batch = {"input_ids": jax.ShapeDtypeStruct(
       (config.batch_size, config.seq_len), jnp.int32,
       sharding=sharding.batch_sharding(mesh))}
-  return Program(tx, abstract, shardings, train_step, eval_step, batch)
+  # One step per mask rate (each its own static mask count); parameters and
+  # optimizer state are the same for all.
+  stages = tuple(
+      train_step if stage_cfg is model_cfg else
+      jit_steps(stage_cfg, config.seq_len, tx, mesh, shardings,
+                config.grad_accum_steps)[0]
+      for stage_cfg in config_lib.stage_model_configs(config, model_cfg))
+  return Program(tx, abstract, shardings, train_step, eval_step, batch, stages)
