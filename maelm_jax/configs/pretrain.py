@@ -140,7 +140,7 @@ def get_config(arg=None):
   # Residual branches' output projections start at 0.
   config.model.zero_init_residual = False
   # The FFN: 'gelu' or 'geglu' (LTG-BERT / GPT-BERT; one more matrix, which
-  # flops.py counts: mlp at 2/3 keeps the FLOPs). docs/knobs: model.py.
+  # flops.py counts: mlp at 2/3 keeps the FLOPs).
   config.model.mlp_activation = "gelu"
   # NormFormer's extra LayerNorms: on each attention's output and on the FFN's
   # hidden units (LTG-BERT has them).
@@ -170,6 +170,7 @@ def get_config(arg=None):
   # its own compiled step (config_lib.mask_ratios); held-out evaluation stays at
   # mask_ratio, and total_flops counts each stage at its own cost.
   config.model.mask_ratio_start = 0.0
+  # Stages of that schedule (2-16): each is a constant rate and one more compile.
   config.model.mask_ratio_stages = 4
   # Share of selected tokens replaced by a random one.
   config.model.random_replace_prob = config_dict.placeholder(float)
