@@ -224,8 +224,7 @@ def _build_finetune(config, devices, size, vocab_size) -> Built:
   encoder_only = dataclasses.replace(model_cfg, decoder_type="none", mask_ratio=0.0,
                                      drop_masked=False, random_replace_prob=0.0,
                                      keep_prob=0.0)
-  fwd = encoder_only.num_layers * flops._layer_flops(  # pylint: disable=protected-access
-      config.max_seq_len, config.max_seq_len, model_cfg.hidden, model_cfg.mlp)
+  fwd = flops.encoder_forward_flops(encoder_only, config.max_seq_len)
   return Built(program, encoder_only, mesh, config.max_seq_len, config.batch_size, 1,
                3.0 * fwd * config.batch_size)
 
@@ -639,11 +638,27 @@ def table(result: dict) -> list[str]:
                  f"{result['estimated_tokens_per_second']:,.0f} tokens/s, MFU "
                  f"{result['estimated_mfu']:.1%} (a roofline bound by "
                  f"{result['bound_by']}; not a measurement)")
+  if result.get("mask_rate_stages"):
+    lines.append("  mask rate    " + ", ".join(
+        f"{s['mask_ratio']:g} {_gb(s['bytes_per_chip'])}"
+        for s in result["mask_rate_stages"])
+        + " per chip (the first and the last stage; the estimate is the last's)")
   attention = ", ".join(f"{site} {v['implementation']} ({v['q_len']}x{v['kv_len']})"
                         for site, v in result["attention"].items())
   lines.append(f"  attention    {attention}")
   lines.append(f"  compiled in  {result['compile_seconds']:.0f} s")
   return lines
+
+
+def first_mask_stage(built: Built):
+  """(rate, a config whose one step is the first stage's) for a pretraining run
+  whose mask rate changes over its stages, else None."""
+  from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
+  if built.config is None or len(config_lib.mask_ratios(built.config)) < 2:
+    return None
+  rate = config_lib.mask_ratios(built.config)[0]
+  return rate, _with(built.config, {"model.mask_ratio_start": 0.0,
+                                    "model.mask_ratio": rate})
 
 
 def _json_ready(value):
@@ -662,10 +677,29 @@ def run(config, topology: str, out: str = "", size: str = "",
   devices, name = topology_devices(topology)
   built = build(config, devices, size, vocab_size)
   result = plan_built(built, name, devices)
+  refused, refused_config = result, config
+  first = first_mask_stage(built)
+  if first is not None:
+    # A decaying mask rate compiles one step per stage (config_lib.mask_ratios):
+    # the plan above is the last stage's (the standard rate); the first stage,
+    # the other end of the schedule, is compiled for its memory too, and the run
+    # fits only if both do (the stages between lie between them).
+    rate, first_config = first
+    stage = plan_built(build(first_config, devices), name, devices, estimate=False)
+    result["mask_rate_stages"] = [
+        {"mask_ratio": rate, "bytes_per_chip": stage["bytes_per_chip"]["total"],
+         "fits": stage["fits"]},
+        {"mask_ratio": built.model_cfg.mask_ratio,
+         "bytes_per_chip": result["bytes_per_chip"]["total"], "fits": result["fits"]}]
+    if result["fits"] and not stage["fits"]:
+      result["fits"] = False
+      refused, refused_config = stage, first_config
   lines = table(result) if "compile_error" not in result else []
   status = 0
   if not result["fits"]:
-    lines = refusal(config, result, devices, size, vocab_size)
+    lines = refusal(refused_config, refused, devices, size, vocab_size)
+    if refused is not result:
+      lines[0] = f"the first mask-rate stage ({refused_config.model.mask_ratio:g}) " + lines[0]
     status = NOT_FIT_EXIT
   if out:
     os.makedirs(out, exist_ok=True)

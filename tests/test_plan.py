@@ -132,6 +132,45 @@ def test_a_config_that_cannot_fit_is_refused_with_a_knob_and_its_plan():
   assert fits and "s/step" in fits[0], lines
 
 
+@needs_libtpu
+def test_a_decaying_mask_rate_is_planned_at_both_ends_of_its_schedule():
+  """mask_ratio_start=0.5 -> 0.15: one step per stage. The plan compiles the
+  first stage too: MLM's head over 50% of the tokens holds more than over 15%."""
+  config = plan_config("mlm", seq_len=512, batch_size=32,
+                       **{"model.attention_dropout": 0.0, "mesh_shape": (1, 4, 1),
+                          "model.mask_ratio_start": 0.5, "tokenizer.vocab_size": 32000})
+  status, result, lines = plan.run(config, "v5e:2x2")
+  assert status == 0, lines
+  first, last = result["mask_rate_stages"]
+  assert (first["mask_ratio"], last["mask_ratio"]) == (0.5, 0.15)
+  assert first["fits"] and last["fits"]
+  assert last["bytes_per_chip"] == result["bytes_per_chip"]["total"]
+  # [B, K, V] float32 logits and their gradient: K 255 against 77 rows of 32000.
+  assert first["bytes_per_chip"] > last["bytes_per_chip"] + 100e6
+  assert any(line.strip().startswith("mask rate    0.5") for line in lines)
+
+
+def test_a_first_mask_stage_over_the_memory_refuses_the_run(monkeypatch):
+  """The last stage fits, the first does not: exit 3, and the refusal says it is
+  the first stage's and plans its knobs on that stage's config."""
+  config = plan_config("mlm", **{"model.mask_ratio_start": 0.5})
+  planned, refused = [], []
+
+  def fake_plan(built, topology, devices, estimate=True):
+    planned.append(built.model_cfg.mask_ratio)
+    return {"fits": built.model_cfg.mask_ratio < 0.3, "bytes_per_chip": {"total": 1.0}}
+
+  monkeypatch.setattr(plan, "topology_devices", lambda name: (jax.devices()[:4], name))
+  monkeypatch.setattr(plan, "plan_built", fake_plan)
+  monkeypatch.setattr(plan, "table", lambda result: ["table"])
+  monkeypatch.setattr(plan, "refusal", lambda config, result, *args: refused.append(
+      config.model.mask_ratio) or ["does not fit: ..."])
+  status, result, lines = plan.run(config, "v5e:2x2")
+  assert planned == [0.15, 0.5] and refused == [0.5]
+  assert status == plan.NOT_FIT_EXIT and not result["fits"]
+  assert lines == ["the first mask-rate stage (0.5) does not fit: ..."]
+
+
 def test_missing_libtpu_and_a_misspelt_topology_get_one_line_each():
   no_libtpu = ("import importlib.util as u, runpy, sys; find = u.find_spec; "
                "u.find_spec = lambda n, *a: None if n == 'libtpu' else find(n, *a); "

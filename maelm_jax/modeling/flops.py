@@ -111,6 +111,13 @@ def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int) -> dict[str, int]
   return parts
 
 
+def encoder_forward_flops(cfg: ModelConfig, seq_len: int) -> int:
+  """Forward FLOPs of the encoder alone on all `seq_len` tokens of one sequence
+  (fine-tuning's model, before its head)."""
+  d, f = cfg.hidden, cfg.mlp
+  return cfg.num_layers * _layer_flops(seq_len, seq_len, d, f, _mlp_matrices(cfg))
+
+
 def train_flops_per_step(cfg: ModelConfig, seq_len: int, global_batch: int) -> int:
   return 3 * global_batch * sum(forward_flops_per_sequence(cfg, seq_len).values())
 
