@@ -390,19 +390,19 @@ def plot_curves(runs, curve_scores: dict, path: str, log_flops: bool = False) ->
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
   for color, run in enumerate(runs):
-    per_step = config_lib.train_flops_per_step(run["config"]) / 1e12
+    at = lambda step, config=run["config"]: config_lib.train_flops_until(config, step) / 1e12
     by_step = sorted(curve_scores.get(run["name"], {}).items())
     if by_step:
       # A 95% binomial interval of each point's pairs: what a BLiMP of this many
       # pairs can tell apart.
       half = [196 * (v["mean"] / 100 * (1 - v["mean"] / 100) / v["pairs"]) ** 0.5
               for _, v in by_step]
-      axes[0].errorbar([s * per_step for s, _ in by_step], [v["mean"] for _, v in by_step],
+      axes[0].errorbar([at(s) for s, _ in by_step], [v["mean"] for _, v in by_step],
                        yerr=half, fmt="o-", capsize=2, color=f"C{color}",
                        label=f"{run['name']} ({by_step[0][1]['pairs']} pairs, 95% CI)")
     curve = mask_accuracy_curve(run["workdir"])
     if len(curve) > 1:
-      axes[1].plot([s * per_step for s, _ in curve], [100 * a for _, a in curve],
+      axes[1].plot([at(s) for s, _ in curve], [100 * a for _, a in curve],
                    "-", color=f"C{color}", label=run["name"])
   axes[0].axhline(50, color="gray", ls="--", lw=1, label="chance")
   axes[0].set(title="BLiMP (mean over paradigms)", ylabel="accuracy (%)")

@@ -678,12 +678,13 @@ def run(config, topology: str, out: str = "", size: str = "",
   built = build(config, devices, size, vocab_size)
   result = plan_built(built, name, devices)
   refused, refused_config = result, config
-  first = first_mask_stage(built)
+  first = first_mask_stage(built) if result["fits"] else None
   if first is not None:
     # A decaying mask rate compiles one step per stage (config_lib.mask_ratios):
     # the plan above is the last stage's (the standard rate); the first stage,
     # the other end of the schedule, is compiled for its memory too, and the run
-    # fits only if both do (the stages between lie between them).
+    # fits only if both do (the stages between lie between them). A knob the
+    # refusal offers is checked on the stage that did not fit.
     rate, first_config = first
     stage = plan_built(build(first_config, devices), name, devices, estimate=False)
     result["mask_rate_stages"] = [
@@ -691,7 +692,7 @@ def run(config, topology: str, out: str = "", size: str = "",
          "fits": stage["fits"]},
         {"mask_ratio": built.model_cfg.mask_ratio,
          "bytes_per_chip": result["bytes_per_chip"]["total"], "fits": result["fits"]}]
-    if result["fits"] and not stage["fits"]:
+    if not stage["fits"]:
       result["fits"] = False
       refused, refused_config = stage, first_config
   lines = table(result) if "compile_error" not in result else []
@@ -700,6 +701,8 @@ def run(config, topology: str, out: str = "", size: str = "",
     lines = refusal(refused_config, refused, devices, size, vocab_size)
     if refused is not result:
       lines[0] = f"the first mask-rate stage ({refused_config.model.mask_ratio:g}) " + lines[0]
+      if "first_that_fits" in refused:  # (planned on that stage's config)
+        result["first_that_fits"] = refused["first_that_fits"]
     status = NOT_FIT_EXIT
   if out:
     os.makedirs(out, exist_ok=True)

@@ -217,3 +217,30 @@ def test_a_decaying_mask_rate_trains_each_stage_at_its_rate_and_resumes_in_it(
   assert config_lib.train_flops_per_step(config) == round(sum(per_step) / 2)
   budget = small_run_config(**decay, total_flops=1000 * sum(per_step) / 2)
   assert budget.total_steps == 1000
+
+
+def test_a_decaying_mask_rate_with_a_flop_budget_says_what_is_wrong(tmp_path, no_compile):
+  """Bad schedules under total_flops (which turns the budget into steps before
+  validation) get validation's message, not an arithmetic error."""
+  for stages, message in ((1, "mask_ratio_stages=1 must be between 2 and 16"),
+                          (0, "mask_ratio_stages=0 must be between 2 and 16")):
+    config = small_run_config(total_flops=1e12, **{"model.mask_ratio_start": 0.3,
+                                                  "model.mask_ratio_stages": stages})
+    with pytest.raises(ValueError, match=message):
+      train.train_and_evaluate(config, str(tmp_path))
+  config = small_run_config(total_steps=3, **{"model.mask_ratio_start": 0.3})
+  with pytest.raises(ValueError, match="total_steps=3 is fewer than model.mask_ratio_stages=4"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_flops_until_a_step_count_each_stage_at_its_cost():
+  from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
+  config = small_run_config(total_steps=10, **{"model.mask_ratio_start": 0.3})
+  per_stage = [config_lib.train_flops_per_step(small_run_config(**{"model.mask_ratio": r}))
+               for r in config_lib.mask_ratios(config)]
+  stage_of = [config_lib.mask_stage(s, 10, 4) for s in range(1, 11)]
+  for step in (1, 3, 4, 7, 10):
+    expected = sum(per_stage[stage] for stage in stage_of[:step])
+    assert config_lib.train_flops_until(config, step) == pytest.approx(expected)
+  assert config_lib.mask_ratios(small_run_config(**{
+      "model.mask_ratio_start": 0.3, "model.mask_ratio": 0.1234567}))[-1] == 0.1234567

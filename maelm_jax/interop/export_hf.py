@@ -521,6 +521,7 @@ def _finetuned(workdir: str, run_config: dict) -> str:
 
 def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool,
                run_config: dict | None = None) -> str:
+  from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
   cfg, config = pretrained.model_cfg, pretrained.config
   run_config = run_config or {}
   mode = run_config.get("mode", "pretrain")
@@ -562,9 +563,9 @@ Pretrained with maelm-jax (JAX/Flax) and exported by
 
 | | |
 |---|---|
-| objective | {config.model.objective} (mask ratio {cfg.mask_ratio}, decoder {decoder}) |
+| objective | {config.model.objective} (mask ratio {" -> ".join(f"{r:g}" for r in config_lib.mask_ratios(config))}, decoder {decoder}) |
 | size | {config.model.size}: {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.num_heads} heads, MLP {cfg.mlp}; {num_params:,} parameters exported |
-| layers | {cfg.ln_type}-LN, {"relative position bias + " if cfg.relative_position_bias else ""}absolute positions (up to {cfg.max_positions}) |
+| layers | {cfg.ln_type}-LN{" with NormFormer's extra LayerNorms" if cfg.normformer else ""}, {"GEGLU" if cfg.mlp_activation == "geglu" else "GELU"} FFN, {"relative position bias + " if cfg.relative_position_bias else ""}absolute positions (up to {cfg.max_positions}) |
 | tokenizer | {"SentencePiece" if pretrained.tokenizer.path.endswith(".model") else "Hugging Face"} {pretrained.tokenizer.model_type}, {cfg.vocab_size} pieces |
 | data | {_corpus(pretraining_workdir, config.data.source)} |
 | steps | {pretrained.step} of {config.total_steps}, batch {config.batch_size} x {config.seq_len} tokens |

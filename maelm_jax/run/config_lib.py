@@ -154,16 +154,35 @@ def mask_ratios(config: ml_collections.ConfigDict) -> tuple[float, ...]:
   because each rate is its own static mask count and so its own compilation.
   """
   start = defaults.get(config, "model.mask_ratio_start")
-  if not start:
-    return (config.model.mask_ratio,)
   stages = defaults.get(config, "model.mask_ratio_stages")
   end = config.model.mask_ratio
-  return tuple(round(start + (end - start) * s / (stages - 1), 6) for s in range(stages))
+  if not start or not 0 < start < 1 or not isinstance(stages, int) or stages < 2:
+    return (end,)  # A constant rate (or a schedule `validate` refuses).
+  between = (round(start + (end - start) * s / (stages - 1), 6) for s in range(stages - 1))
+  return (*between, end)  # Ends at mask_ratio exactly: the evaluation's rate.
+
+
+def train_flops_until(config: ml_collections.ConfigDict, step: int) -> float:
+  """Train FLOPs of a resolved pretraining config's steps 1..`step`, each at its
+  mask-rate stage's cost (where a FLOP axis puts step `step`)."""
+  from maelm_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
+  model_cfg = model_lib.ModelConfig.from_config(
+      config.model, config.tokenizer.vocab_size, tokenizer.MASK_ID)
+  per_stage = stage_train_flops(config, model_cfg)
+  stages, total = len(per_stage), config.total_steps
+  done = 0.0
+  for index, per_step in enumerate(per_stage):
+    # Stage `index` holds the steps s with (s - 1) * stages // total == index.
+    first, last = -(-index * total // stages) + 1, -(-(index + 1) * total // stages)
+    done += per_step * max(0, min(last, step) - first + 1)
+  return done
 
 
 def mask_stage(step: int, total_steps: int, num_stages: int) -> int:
   """The stage (index into `mask_ratios`) of 1-based `step`: equal shares of
-  the run, from the step alone, so a resumed run is in the stage it left."""
+  the run, from the step alone, so a resumed run is in the stage it left. Like
+  the learning-rate schedule, the stages are shares of `total_steps`: a run
+  resumed with another length follows the new length's stages."""
   return min(num_stages - 1, (step - 1) * num_stages // max(total_steps, 1))
 
 
@@ -218,6 +237,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(start == 0.0 or (isinstance(stages, int) and 2 <= stages <= 16),
        f"model.mask_ratio_stages={stages} must be between 2 and 16: each stage's "
        "rate compiles its own step")
+  need(start == 0.0 or not isinstance(stages, int) or config.total_steps >= stages,
+       f"total_steps={config.total_steps} is fewer than model.mask_ratio_stages="
+       f"{stages}: the last stages would never run; lower mask_ratio_stages")
   need(0.0 <= m.random_replace_prob < 1.0 and 0.0 <= m.keep_prob < 1.0 and
        m.random_replace_prob + m.keep_prob < 1.0,
        f"model.random_replace_prob={m.random_replace_prob} and model.keep_prob="

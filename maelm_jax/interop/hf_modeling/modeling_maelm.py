@@ -96,7 +96,11 @@ class MaelmMlp(nn.Module):
   def __init__(self, config):
     super().__init__()
     d, f = config.hidden_size, config.intermediate_size
-    self.geglu = getattr(config, "mlp_activation", "gelu") == "geglu"
+    activation = getattr(config, "mlp_activation", "gelu")
+    if activation not in ("gelu", "geglu"):
+      raise ValueError(f"mlp_activation={activation!r}: this port knows 'gelu' and "
+                       "'geglu'; export the model again with this maelm-jax")
+    self.geglu = activation == "geglu"
     if self.geglu:
       self.wi_0, self.wi_1 = nn.Linear(d, f), nn.Linear(d, f)
     else:
