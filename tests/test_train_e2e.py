@@ -244,3 +244,18 @@ def test_flops_until_a_step_count_each_stage_at_its_cost():
     assert config_lib.train_flops_until(config, step) == pytest.approx(expected)
   assert config_lib.mask_ratios(small_run_config(**{
       "model.mask_ratio_start": 0.3, "model.mask_ratio": 0.1234567}))[-1] == 0.1234567
+
+
+def test_the_babylm_knobs_together_still_learn_on_real_text(tmp_path):
+  """GEGLU (at 2/3 of the FFN width), NormFormer's LayerNorms, a mask rate
+  decaying 0.3 -> 0.15 and LAMB, in one run: the held-out loss falls (measured:
+  6.06 at step 10, 5.64 at step 40; the plain recipe 5.59 and 5.41)."""
+  config = small_run_config(total_steps=40, learning_rate=1e-2, warmup_steps=5, **{
+      "model.mlp_activation": "geglu", "model.mlp": 344, "model.normformer": True,
+      "model.mask_ratio_start": 0.3, "relative_updates": True})
+  train.train_and_evaluate(config, str(tmp_path))
+  evals = [r for r in read_metrics(tmp_path) if "eval/loss" in r]
+  assert [r["step"] for r in evals] == [10, 20, 30, 40]
+  assert evals[-1]["eval/loss"] < evals[0]["eval/loss"] - 0.2
+  saved = json.load(open(tmp_path / "config.json"))
+  assert saved["model"]["mlp_activation"] == "geglu" and saved["relative_updates"]
