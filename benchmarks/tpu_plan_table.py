@@ -143,7 +143,10 @@ def markdown(rows) -> list[str]:
            "est. step (bound by) | est. tokens/s | est. MFU | FLOP-bound step (MFU) | "
            "collectives per step |",
            "|---|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
-  for row in rows:
+  order = lambda row: (["base", "large"].index(row["size"]) if row["size"] in ("base", "large")
+                       else 2, list(OBJECTIVES).index(row["objective"]), row["topology"],
+                       list(REMAT).index(row["remat"]) if row["remat"] in REMAT else 2)
+  for row in sorted(rows, key=order):
     if not row["batch"] or not is_current(row):
       memory = (f"{row['bytes_per_chip'] / 1e9:.1f} GB" if row.get("bytes_per_chip")
                 else "")
