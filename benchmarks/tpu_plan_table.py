@@ -12,7 +12,9 @@ largest batch is found by bisection on the batch (a multiple of the slice's
 chips), starting from the linear estimate one compile gives: compile time, not
 a grid, is the cost (about 20-60 s a compile on 2 cores with scanned layers).
 Each row is written to --out as it finishes, and a rerun skips the rows already
-there (a row searched but without a current estimate gets only the estimate);
+there (a row searched but without a current estimate gets only the estimate; a
+row whose estimate no longer fits, the step having changed since its search, is
+searched again);
 --markdown prints the table from the file.
 """
 
@@ -147,6 +149,12 @@ def markdown(rows) -> list[str]:
                        else 2, list(OBJECTIVES).index(row["objective"]), row["topology"],
                        list(REMAT).index(row["remat"]) if row["remat"] in REMAT else 2)
   for row in sorted(rows, key=order):
+    if row.get("fits") is False:  # Estimated after a change to the step.
+      lines.append(f"| {row['objective']} | {row['size']} | {row['topology']} | "
+                   f"{row['remat']} | {row['batch']}? | {row['bytes_per_chip'] / 1e9:.1f} GB | "
+                   "over the chip now: the step changed since the search; "
+                   "search pending | | | | |")
+      continue
     if not row["batch"] or not is_current(row):
       memory = (f"{row['bytes_per_chip'] / 1e9:.1f} GB" if row.get("bytes_per_chip")
                 else "")
@@ -192,6 +200,8 @@ def main():
       for devices, name in slices:
         for remat in args.remat.split(","):
           old = by_key.get((objective, size, name, remat))
+          if old is not None and old.get("fits") is False:
+            old = None  # The step changed since its search and no longer fits: again.
           if old is not None and (not old["batch"] or is_current(old)):
             continue
           log(f"{objective} {size} {name} remat={remat}:")
@@ -214,7 +224,7 @@ def main():
                         "tokens_per_second": best["estimated_tokens_per_second"],
                         "mfu": best["estimated_mfu"], "bound_by": best["bound_by"],
                         "roofline_seconds": best["roofline_seconds"],
-                        "hbm_count": HBM_COUNT,
+                        "hbm_count": HBM_COUNT, "fits": bool(best["fits"]),
                         "collectives": best["collectives"],
                         "attention": {k: v["implementation"]
                                       for k, v in best["attention"].items()}})
