@@ -654,9 +654,10 @@ def first_mask_stage(built: Built):
   """(rate, a config whose one step is the first stage's) for a pretraining run
   whose mask rate changes over its stages, else None."""
   from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
-  if built.config is None or len(config_lib.mask_ratios(built.config)) < 2:
+  rates = config_lib.mask_ratios(built.config) if built.config is not None else ()
+  if len(rates) < 2:
     return None
-  rate = config_lib.mask_ratios(built.config)[0]
+  rate = rates[0]
   return rate, _with(built.config, {"model.mask_ratio_start": 0.0,
                                     "model.mask_ratio": rate})
 

@@ -165,10 +165,7 @@ def mask_ratios(config: ml_collections.ConfigDict) -> tuple[float, ...]:
 def train_flops_until(config: ml_collections.ConfigDict, step: int) -> float:
   """Train FLOPs of a resolved pretraining config's steps 1..`step`, each at its
   mask-rate stage's cost (where a FLOP axis puts step `step`)."""
-  from maelm_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
-  model_cfg = model_lib.ModelConfig.from_config(
-      config.model, config.tokenizer.vocab_size, tokenizer.MASK_ID)
-  per_stage = stage_train_flops(config, model_cfg)
+  per_stage = stage_train_flops(config, _model_config(config))
   stages, total = len(per_stage), config.total_steps
   done = 0.0
   for index, per_step in enumerate(per_stage):
@@ -202,14 +199,23 @@ def stage_train_flops(config, model_cfg) -> list[int]:
           for c in stage_model_configs(config, model_cfg)]
 
 
+def mean_train_flops(config, model_cfg) -> float:
+  """Train FLOPs of one step, the mean over the mask-rate stages (equal shares
+  of the run): what `total_flops` divides by."""
+  per_stage = stage_train_flops(config, model_cfg)
+  return sum(per_stage) / len(per_stage)
+
+
+def _model_config(config):
+  from maelm_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
+  return model_lib.ModelConfig.from_config(
+      config.model, config.tokenizer.vocab_size, tokenizer.MASK_ID)
+
+
 def train_flops_per_step(config: ml_collections.ConfigDict) -> int:
   """Train FLOPs of one step of a resolved pretraining config (flops.py), the
-  mean over its mask-rate stages (equal shares of the run)."""
-  from maelm_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
-  model_cfg = model_lib.ModelConfig.from_config(
-      config.model, config.tokenizer.vocab_size, tokenizer.MASK_ID)
-  per_stage = stage_train_flops(config, model_cfg)
-  return round(sum(per_stage) / len(per_stage))
+  mean over its mask-rate stages."""
+  return round(mean_train_flops(config, _model_config(config)))
 
 
 def steps_for_flops(config: ml_collections.ConfigDict) -> int:

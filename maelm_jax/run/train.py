@@ -195,8 +195,7 @@ def describe_launch(config, workdir: str) -> list[str]:
   sizes = {k: sum(x.size for x in jax.tree.leaves(v))
            for k, v in abstract.params.items()}
   encoder = sum(sizes.get(k, 0) for k in ("token_embed", "encoder"))
-  stage_flops = config_lib.stage_train_flops(config, model_cfg)
-  step_flops = sum(stage_flops) / len(stage_flops)
+  step_flops = config_lib.mean_train_flops(config, model_cfg)
   rates = config_lib.mask_ratios(config)
   spec = config.data.source
   if spec.startswith("text:"):
@@ -349,7 +348,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       last = last_logged_metrics(workdir, start_step)
     else:
       logging.info("training steps %d..%d; %.3g train FLOPs/step", start_step + 1,
-                   config.total_steps, sum(stage_flops) / len(stage_flops))
+                   config.total_steps, config_lib.mean_train_flops(config, model_cfg))
     for step in range(start_step + 1, config.total_steps + 1):
       batch = sharding.global_batch(mesh, next(train_iter))
       step_stage = config_lib.mask_stage(step, config.total_steps, len(stage_steps))
