@@ -159,6 +159,10 @@ class Built:
   grad_accum_steps: int
   model_flops: float  # Train FLOPs of one step, the whole batch (flops.py).
   config: object = None  # The resolved pretraining config (None: fine-tuning).
+  # The executable `plan_built` compiled (None before, or when the compiler ran
+  # out of memory): a caller on the chips themselves can run what was planned
+  # (benchmarks/roofline_check.py).
+  compiled: object = None
 
 
 def build(config, devices, size: str = "", vocab_size: int = 0) -> Built:
@@ -348,14 +352,19 @@ def one_more_layer(built: Built, devices) -> tuple[dict, int]:
       batch = smaller
 
 
-def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> dict:
+def plan_built(built: Built, topology: str, devices, estimate: bool = True,
+               chip=None) -> dict:
   """Compiles `built`'s train step for `devices` and reads what it costs.
-  estimate=False: memory only (no probe compiles for a scanned step's FLOPs)."""
+  estimate=False: memory only (no probe compiles for a scanned step's FLOPs).
+  chip: the constants to plan with (flops.Chip); default the devices' own kind's."""
   from maelm_jax.modeling import attention, flops  # pylint: disable=g-import-not-at-top
   from maelm_jax.tools import hlo_stats  # pylint: disable=g-import-not-at-top
   program, model_cfg, mesh = built.program, built.model_cfg, built.mesh
   chips = len(devices)
-  chip = flops.chip(devices[0].device_kind)
+  chip = chip or flops.chip(devices[0].device_kind)
+  if chip is None:
+    raise PlanError(f"no constants for the chip {devices[0].device_kind!r}: add it "
+                    "to flops.CHIPS (peak bf16 FLOP/s, HBM bytes and bandwidth)")
   with attention.recording_choices() as choices:
     lowered = program.train_step.lower(program.abstract_state, program.batch)
   started = time.perf_counter()
@@ -367,6 +376,7 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True) -> d
       raise
     oom = str(error).strip()
   compile_seconds = time.perf_counter() - started
+  built.compiled = compiled
   sites = _attention_by_site(choices)
   state_bytes = _shard_bytes(program.abstract_state)
   batch_bytes = _shard_bytes(program.batch)

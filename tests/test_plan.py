@@ -2,6 +2,7 @@
 slices by libtpu on this CPU host, their memory, FLOPs, collectives and
 attention kernels, and the answers it gives a user before a slice is paid for."""
 
+import math
 import os
 import pathlib
 import platform
@@ -261,6 +262,27 @@ def test_the_plan_and_the_finetuning_run_build_their_step_in_one_function(
     config.init_from = ""
   sized = plan.build(config, jax.devices()[:4], size="small", vocab_size=1000)
   assert sized.model_cfg.num_layers == 4 and sized.model_cfg.vocab_size == 1000
+
+
+def test_roofline_check_times_the_executable_the_plan_compiled(capsys):
+  """benchmarks/roofline_check.py runs the very executable `plan_built` compiled
+  (`Built.compiled`) on the run's own freshly built state, whose shardings must be
+  the plan's for the call to be accepted, with a named chip's constants; a device
+  with no constants gets one line before anything compiles."""
+  sys.path.insert(0, str(REPO / "benchmarks"))
+  import roofline_check  # pylint: disable=g-import-not-at-top
+  config = plan_config("mlm", **{"mesh_shape": (1, 1, 1), "batch_size": 4})
+  row = roofline_check.check(config, "H100", steps=2, repeats=2)
+  assert len(row["step_seconds_windows"]) == 2 and row["measured_step_seconds"] > 0
+  assert math.isfinite(row["final_loss"])
+  assert "H100" in row["chip_constants"]["source"]
+  # The FLOP term: at least the model's FLOPs at the H100's 989 TFLOP/s.
+  assert row["roofline_seconds"]["flops"] * 989e12 >= 0.999 * row["model_flops"]
+  status = roofline_check.main(["--config=configs/pretrain.py:objective=mlm,size=tiny",
+                                "--set=seq_len=32", "--set=batch_size=4"])
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert status == 1 and lines[-1].startswith(
+      "roofline_check: no constants for the chip 'cpu': add it to flops.CHIPS")
 
 
 @needs_libtpu
