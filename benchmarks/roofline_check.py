@@ -117,6 +117,12 @@ def check(config, chip_name: str = "", steps: int = 10, repeats: int = 3,
       "hbm_traffic_bytes": result["hbm_traffic_bytes_per_chip"],
       "xla_bytes_accessed": result["xla_bytes_accessed_per_chip"],
       "xla_flops_notes": result["xla_flops_notes"],
+      # Where XLA's count fell below the model's (a GPU's cuBLAS and cuDNN calls
+      # count nothing), the FLOP term is the model's: then this check tests the
+      # model-FLOP and HBM terms of the roofline, not XLA's count.
+      "xla_flops_counted": result["xla_flops_counted_per_chip"],
+      "flop_term_source": ("model" if result["xla_flops_per_chip"]
+                           == result["model_flops_per_chip"] else "xla"),
       "planned_bytes": result["bytes_per_chip"]["total"],
       "measured_peak_bytes": stats.get("peak_bytes_in_use"),
       "compile_seconds": result["compile_seconds"],

@@ -464,12 +464,14 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True,
     notes.append(f"grad accumulation: the loop's body x {accum}")
   model_flops_per_chip = built.model_flops / chips
   if hardware_flops < model_flops_per_chip:
-    # A chip runs at least the model's FLOPs. XLA can count fewer where it made
-    # loops of its own (collective matmuls: FSDP's weight gathers decomposed into
-    # collective-permute loops, on v5e:4x4), whose bodies it counts once.
+    # A chip runs at least the model's FLOPs. XLA can count fewer: on a TPU where
+    # it made loops of its own (collective matmuls: FSDP's weight gathers
+    # decomposed into collective-permute loops, on v5e:4x4), whose bodies it
+    # counts once; on a GPU, the library calls (cuBLAS, cuDNN) it counts not at all.
+    cause = ("library calls it does not count" if devices[0].platform == "gpu"
+             else "loops of its own, counted once")
     notes.append(f"XLA counted {hardware_flops / model_flops_per_chip:.0%} of the "
-                 "model's FLOPs (loops of its own, counted once): the model's count "
-                 "is used")
+                 f"model's FLOPs ({cause}): the model's count is used")
     hardware_flops = model_flops_per_chip
   ring = sum(v["ring_bytes"] for v in stats.collectives.values())
   terms = {"flops": hardware_flops / chip.peak_flops,

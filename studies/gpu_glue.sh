@@ -1,6 +1,7 @@
 #!/bin/bash
 # Issue 40, Part 2: GLUE for the encoders pretrained on the device, on the device. One
-# call. On the 2 CPU cores one fine-tuning run of an 8 x 256 encoder took 8-14 minutes
+# call. (First, for issue 39, about two minutes: benchmarks/roofline_check.py times
+# `base` MLM and MAE-LM at 512 against the planner's roofline; roofline.jsonl.) On the 2 CPU cores one fine-tuning run of an 8 x 256 encoder took 8-14 minutes
 # (18 runs an encoder: 3 tasks x (3 rates picked on training data + 3 seeds)); here
 # every (encoder, task) pair is its own process with its share of the GPU's memory,
 # all at once. The protocol is the comparison's, unchanged (studies/score_encoders.py,
@@ -27,14 +28,32 @@
 #   SMOKE=1 OUT=/tmp/glue_smoke PY=.venv/bin/python bash studies/gpu_glue.sh
 GLUE=${GLUE:-.glue}; RUNS=${RUNS:-/tmp/glue_runs}; ENC=${ENC:-/tmp/glue_enc}
 BRING_BACK_S=${BRING_BACK_S:-30}; TASKS=${TASKS:-"sst2 qnli cola"}
-CONFIG=configs/compare.py:size=tiny; MEM=${MEM:-0.08}; PARALLEL=${PARALLEL:-16}
-if [ "${SMOKE:-0}" = 1 ]; then  # One rate, and JAX on the CPU.
-  CONFIG="configs/compare.py:size=tiny,ft_lrs=1e-3"; MEM=0.9; PARALLEL=2
+CONFIG=configs/compare.py:size=tiny; PARALLEL=${PARALLEL:-16}; ROOFLINE_S=${ROOFLINE_S:-150}
+RSIZE=base; ROOFLINE="--set=seq_len=512 --set=batch_size=128 --set=model.dtype=bfloat16"
+ROOFLINE="$ROOFLINE --set=model.dropout=0 --set=model.attention_dropout=0"
+if [ "${SMOKE:-0}" = 1 ]; then  # One rate, and JAX on the CPU (no chip constants: the
+  # H100's stand in for the roofline check, whose numbers then mean nothing).
+  CONFIG="configs/compare.py:size=tiny,ft_lrs=1e-3"; PARALLEL=2; RSIZE=tiny
+  ROOFLINE="--set=seq_len=64 --set=batch_size=8 --set=model.dtype=bfloat16 --chip=H100 --steps=2"
 fi
 source studies/gpu_common.sh
-export JAX_COMPILATION_CACHE_DIR=/tmp/glue_jax_cache  # Seeds share their compiled steps.
+
+# ---------------------------------------------------------------- 0. issue 39's roofline
+# The planner's roofline against the measured time of the executable it compiled
+# (benchmarks/roofline_check.py), `base` MLM and MAE-LM at 512, with the GPU alone.
+ROOFLINE_END=$(( SECONDS - START + ROOFLINE_S ))
+for objective in mlm maelm; do
+  limit=$(( ROOFLINE_END - (SECONDS - START) ))
+  [ $limit -gt 20 ] || break
+  timeout -s INT -k 10 $limit $PY benchmarks/roofline_check.py $ROOFLINE \
+      --config=configs/pretrain.py:objective=$objective,size=$RSIZE \
+      --json=$OUT/roofline.jsonl >> $OUT/logs/roofline.log 2>&1
+  stamp "roofline $objective rc=$?"
+done
 
 # ---------------------------------------------------------------- the encoders, widened
+# The CPU protocol's float32 is exact; a GPU's float32 matmuls default to TF32.
+export JAX_DEFAULT_MATMUL_PRECISION=highest
 # Fine-tuning and its checks expect the float32 params a CPU run would have.
 rm -rf $ENC $RUNS && mkdir -p $ENC $RUNS
 NAMES=$(ls $GLUE/enc)
@@ -43,16 +62,25 @@ for name in $NAMES; do
       >> $OUT/logs/widen.log 2>&1 || stamp "widening $name failed"
 done
 [ -d $GLUE/done ] && for f in $GLUE/done/*.tar.xz; do tar -xJf $f -C $RUNS; done
+find $RUNS -name .lock -delete  # (a run killed on another host left its lock)
 stamp "encoders: $(echo $NAMES); earlier runs: $(find $RUNS -name eval_results.json | wc -l)"
 
 # ---------------------------------------------------------------- fine-tuning, all at once
-stamp "fine-tuning ($TASKS) for $(( $(left) - BRING_BACK_S ))s, $PARALLEL processes at a time"
+PAIRS=$(( $(echo $NAMES | wc -w) * $(echo $TASKS | wc -w) ))
+[ $PAIRS -lt $PARALLEL ] && PARALLEL=$PAIRS
+# Each process preallocates its share of the GPU's memory: 85% among those at once.
+MEM=${MEM:-$(awk "BEGIN {print 0.85 / $PARALLEL}")}
+[ "${SMOKE:-0}" = 1 ] && MEM=0.9
+stamp "fine-tuning ($TASKS) for $(( $(left) - BRING_BACK_S ))s, $PARALLEL processes at a time, memory $MEM each"
 running=0
 for name in $NAMES; do
   for task in $TASKS; do
     run_s=$(( $(left) - BRING_BACK_S ))  # One deadline for all, however late they start.
     [ $run_s -gt 10 ] || break 2
-    XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM timeout -s TERM $run_s \
+    # Its own compilation cache: seeds share their compiled steps, and no process
+    # reads an entry another is still writing.
+    JAX_COMPILATION_CACHE_DIR=/tmp/glue_jax_cache/${name}_$task \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM timeout -k 20 -s TERM $run_s \
       $PY studies/score_encoders.py --out=$RUNS/$name/$task --config=$CONFIG \
       --encoders=$name=$ENC/$name --glue_dir=$GLUE/data --tasks=$task --blimp_dir= \
       > $OUT/logs/${name}_$task.log 2>&1 &
@@ -77,7 +105,7 @@ pathlib.Path(sys.argv[2]).write_text(json.dumps(merged, indent=1))
 print(json.dumps(merged))
 EOF
 tar -C $RUNS --exclude=checkpoints --exclude=tensorboard --exclude=glue \
-    --exclude=glue_select --exclude="*.png" -cJf $OUT/glue_runs.tar.xz .
+    --exclude=glue_select --exclude="*.png" --exclude=.lock -cJf $OUT/glue_runs.tar.xz .
 stamp "brought back $(du -h $OUT/glue_runs.tar.xz | cut -f1)"
 tar -C $OUT -cJf $OUT/results.tar.xz logs && rm -r $OUT/logs $OUT/p1 2>/dev/null
 ls -la $OUT

@@ -9,9 +9,7 @@
 #      unrolled and the batch-shared bias's bound here (benchmarks/RESULTS.md, "A
 #      third call"); this phase now measures odd lengths padded for cuDNN (3ML's
 #      encoder at 309 tokens, MAE-LM's at 111 and the cross decoders' K ran the
-#      einsum before). Then the planner's roofline (maelm_jax.plan, issue 39) against
-#      the measured time of the step it compiled, MLM and MAE-LM at `base`/512
-#      (benchmarks/roofline_check.py).
+#      einsum before).
 #   2. GROW: MAE-LM (cross) at 8 x 128 (configs/compare.py:size=tiny with 8 layers,
 #      the shape of the best BLiMP so far), batch 256 x 128, bf16, ONE schedule of
 #      GROW_TFLOPS spread over as many calls as it takes. The run's workdir (its
@@ -41,13 +39,11 @@ P1="--dtype=bfloat16 --attention_impls=auto --dropout=0 --steps=10 --repeats=3 -
 A="--sizes=base --seq_lens=512 --tokens_per_batch=65536"
 S="--sizes=8x128 --seq_lens=128 --tokens_per_batch=32768"
 LAYERS=8; BATCH=256; EVAL_EVERY=2000; LOG_EVERY=200; LIMIT=110
-RSIZE=base; ROOFLINE="--set=seq_len=512 --set=batch_size=128 --set=model.dtype=bfloat16 --set=model.dropout=0 --set=model.attention_dropout=0"
 if [ "${SMOKE:-0}" = 1 ]; then  # The same phases at toy sizes, on any machine.
   P1="$P1 --steps=2 --repeats=1 --ceiling=256"; A="--sizes=tiny --seq_lens=64 --tokens_per_batch=512"
   S="--sizes=2x64 --seq_lens=64 --tokens_per_batch=512"
   LAYERS=2; BATCH=8; EVAL_EVERY=20; LOG_EVERY=10; GROW_TFLOPS=${GROW_TFLOPS_SMOKE:-0.05}
-  LIMIT=240; RSIZE=tiny  # (a CPU has no chip constants: the H100's, numbers meaningless)
-  ROOFLINE="--set=seq_len=64 --set=batch_size=8 --set=model.dtype=bfloat16 --chip=H100 --steps=2"
+  LIMIT=240
 fi
 source studies/gpu_common.sh
 
@@ -64,13 +60,6 @@ if [ "${LEVERS:-1}" = 1 ]; then
     [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=12 >> $OUT/logs/profile.txt 2>&1
   done
   tp shape128 $LIMIT $S --objectives=mlm,maelm-cross
-  # Issue 39: the planner's roofline against the same compiled step's measured time.
-  for objective in mlm maelm; do
-    timeout -s INT $LIMIT $PY benchmarks/roofline_check.py $ROOFLINE \
-        --config=configs/pretrain.py:objective=$objective,size=$RSIZE \
-        --json=$OUT/p1/roofline.jsonl >> $OUT/logs/roofline.log 2>&1
-    stamp "roofline $objective rc=$?"
-  done
 fi
 
 # ---------------------------------------------------------------- 2. grow
@@ -82,6 +71,8 @@ if ls $GROW/parts/grow.tar.part* > /dev/null 2>&1; then
 fi
 grow() {  # grow ATTENTION_IMPL LOG: the run until its share of the call.
   local run_s=$(( $(left) - BRING_BACK_S - TAIL_S ))
+  # (timeout 0 would mean no limit at all, and nothing would come back.)
+  [ $run_s -gt 30 ] || { stamp "grow ($1): no time left (${run_s}s)"; return 124; }
   stamp "grow ($1): ${run_s}s of a ${GROW_TFLOPS} TFLOP schedule"
   timeout -s TERM $run_s $PY -m maelm_jax.main --config=configs/compare.py:size=tiny \
     --config.model.num_layers=$LAYERS --config.model.objective=maelm \

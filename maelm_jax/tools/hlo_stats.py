@@ -50,6 +50,18 @@ def array_bytes(shape_text: str) -> list[int]:
   return sizes
 
 
+def _written_arrays(op: str, shape: str) -> list[int]:
+  """Bytes of each array an instruction produces. A GPU library call (cuBLAS,
+  cuDNN: `(bf16[..], s8[4194304]) custom-call`) ends its result tuple with a
+  byte-typed scratch workspace, not data a later op reads: left out."""
+  sizes = array_bytes(shape)
+  if op == "custom-call" and shape.startswith("(") and len(sizes) > 1:
+    last = _ARRAY.findall(shape)[-1]
+    if last[0] in ("s8", "u8") and "," not in last[1]:
+      sizes = sizes[:-1]
+  return sizes
+
+
 def group_size(line: str, default: int) -> int:
   """Devices in each replica group of a collective: `{{0,1,2,3}}`,
   `[2,4]<=[8]` (iota: groups x size) or `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}`."""
@@ -135,7 +147,7 @@ def _parse(text: str, num_devices: int):
     name, shape, op, rest = match.groups()
     fused = _FUSED.search(line)
     current.instructions.append(_Instruction(
-        name, op, sum(array_bytes(shape)), _operands(rest),
+        name, op, sum(_written_arrays(op, shape)), _operands(rest),
         fused[1] if fused and op == "fusion" else ""))
     if op == "parameter":
       index = re.match(r"(\d+)\)", rest)
