@@ -531,6 +531,8 @@ def fake_pretraining_workdir(path, max_positions=64):
     ({"data.source": "csv"}, ValueError, "data.source='csv': use 'tsv'"),
     ({"layer_decay": 0.0}, ValueError, r"layer_decay=0.0 must be in \(0, 1\]"),
     ({"layer_decay": 1.5}, ValueError, r"layer_decay=1.5 must be in \(0, 1\]"),
+    ({"init_step": 7}, ValueError,
+     r"--config.init_step=7: .* no checkpoint of that step; it has steps \[2\]"),
 ])
 def test_glue_config_errors_come_before_compilation(tmp_path, no_compile, overrides,
                                                     error, message):
@@ -541,6 +543,21 @@ def test_glue_config_errors_come_before_compilation(tmp_path, no_compile, overri
   for key, value in overrides.items():
     config_lib.set_path(config, key, value)
   with pytest.raises(error, match=message):
+    run.run(config, str(tmp_path / "run"))
+
+
+def test_a_finetuning_run_as_init_from_is_named_before_compilation(tmp_path, no_compile):
+  """A hurried chain (MNLI, then RTE from it) points init_from at a fine-tuning
+  workdir: one line that says so and names the pretraining run it came from."""
+  pretrained = fake_pretraining_workdir(tmp_path / "pretrained")
+  finetuned = tmp_path / "mnli"
+  (finetuned / "checkpoints").mkdir(parents=True)
+  (finetuned / "config.json").write_text(json.dumps(
+      {"mode": "glue", "task": "mnli", "init_from": str(pretrained)}))
+  data = write_sst2(tmp_path / "SST-2", num_train=16, num_dev=4, num_test=1)
+  config = glue_test_config("sst2", finetuned, data.parent, max_seq_len=32)
+  with pytest.raises(ValueError, match=f"is a fine-tuning run, not a pretraining one: "
+                     f".* \\(its init_from: {pretrained}\\)"):
     run.run(config, str(tmp_path / "run"))
 
 

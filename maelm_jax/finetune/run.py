@@ -124,7 +124,13 @@ def check_pretrained(config) -> None:
         f"{path} not found: --config.init_from must be the --workdir of a maelm_jax "
         "pretraining run")
   with open(path) as f:
-    max_positions = json.load(f)["model"]["max_positions"]
+    saved = json.load(f)
+  if saved.get("mode", "pretrain") != "pretrain" or "model" not in saved:
+    raise ValueError(
+        f"--config.init_from={config.init_from} is a fine-tuning run, not a "
+        "pretraining one: pass the --workdir of the pretraining run it started from "
+        f"(its init_from: {saved.get('init_from') or 'not recorded'})")
+  max_positions = saved["model"]["max_positions"]
   if config.max_seq_len > max_positions:
     raise ValueError(
         f"max_seq_len={config.max_seq_len} exceeds the {max_positions} positions the "
@@ -134,6 +140,11 @@ def check_pretrained(config) -> None:
     raise FileNotFoundError(
         f"no checkpoint in {checkpoints.checkpoint_dir(config.init_from)}; "
         "--config.init_from must name a pretraining run that saved one")
+  steps = checkpoints.committed_steps(config.init_from)
+  if config.init_step >= 0 and config.init_step not in steps:
+    raise ValueError(f"--config.init_step={config.init_step}: {config.init_from} has "
+                     f"no checkpoint of that step; it has steps {steps} (or -1: the "
+                     "newest)")
 
 
 # --------------------------------------------------------- Sharded state --
