@@ -221,6 +221,17 @@ def test_errors_are_one_line_without_a_traceback(tmp_path, trained):
   assert bad_argument.strip().splitlines() == [
       "error in the command line: flag --config=configs/pretrain.py:objectiv=mlm: "
       "unknown config argument 'objectiv'; known: ['objective', 'recipe', 'size']"]
+  unknown_size = fails([sys.executable, "-m", "maelm_jax.main",
+                        "--config=configs/pretrain.py:size=huge", f"--workdir={tmp_path}"])
+  assert unknown_size.strip().splitlines() == [
+      "error in the command line: flag --config=configs/pretrain.py:size=huge: "
+      "size='huge' is unknown; use one of ['tiny', 'small', 'base', 'large']"]
+  misspelt_file = fails([sys.executable, "-m", "maelm_jax.main",
+                         "--config=configs/pretrian.py:size=tiny", f"--workdir={tmp_path}"])
+  assert misspelt_file.strip().splitlines() == [
+      "error in the command line: --config=configs/pretrian.py:size=tiny: no such file "
+      "configs/pretrian.py; configs/ has compare.py, demo.py, glue.py, pretrain.py, "
+      "squad.py"]
   small = ["--config=configs/pretrain.py:size=small", f"--workdir={tmp_path / 'small'}",
            "--config.total_steps=2", f"--config.init_from={trained}",
            "--config.tokenizer.vocab_size=600", "--config.data.source=pydoc:",

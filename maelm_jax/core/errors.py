@@ -59,11 +59,34 @@ def one_line_errors(fn, *args, verbose: bool = False, **kwargs):
     sys.exit(1)
 
 
+def _missing_config_file(argv) -> str:
+  """What is wrong with `--config=FILE[:arg]` when FILE does not exist (which
+  ml_collections says in a chained traceback, after JAX has started), or ''."""
+  for i, arg in enumerate(argv):
+    flag, eq, value = arg.partition("=")
+    if flag != "--config":
+      continue
+    if not eq:
+      value = argv[i + 1] if i + 1 < len(argv) else ""
+    path = value.split(":", 1)[0]
+    if path and not os.path.exists(path):
+      folder = os.path.dirname(path) or "."
+      known = sorted(f for f in os.listdir(folder) if f.endswith(".py")
+                     and not f.startswith("_")) if os.path.isdir(folder) else []
+      return (f"--config={value}: no such file {path}"
+              + (f"; {folder}/ has {', '.join(known)}" if known else ""))
+  return ""
+
+
 def parse_flags(argv):
   """absl's parser, with a misspelt or mistyped `--config.x` (which ml_collections
   reports as a chained 50-line traceback) said in one line. The `flags_parser` of
   every entry point with a `--config`."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+  missing = _missing_config_file(argv)
+  if missing and "--verbose" not in argv:
+    sys.stderr.write(f"error in the command line: {missing}\n")
+    sys.exit(2)
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as error:

@@ -113,6 +113,8 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
       value = value.lower() in ("1", "true", "yes")
     elif default is not None:
       value = type(default)(value)
+    if key == "size" and value not in model_lib.SIZES:  # Every config's model size.
+      raise ValueError(f"size={value!r} is unknown; use one of {list(model_lib.SIZES)}")
     out[key] = value
   return out
 
