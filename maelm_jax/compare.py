@@ -472,8 +472,9 @@ def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
       reports[run["name"]] = finetune_encoder(run, tasks, protocol, data_dir,
                                               select_dir, out)
 
+  # Measured anew on each (resumed) call: its runs may have trained on.
   ranks = analyze.analyze([r["workdir"] for r in runs], os.path.join(out, "rank"),
-                          num_tokens=num_tokens)["runs"]
+                          num_tokens=num_tokens, overwrite=True)["runs"]
   summary = summarize(runs, reports, ranks,
                       {name: max(by_step.items())[1]["mean"]
                        for name, by_step in blimp_results.items()})

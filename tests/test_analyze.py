@@ -174,6 +174,11 @@ def test_bad_arguments_fail_before_compilation(tmp_path, pretrained, monkeypatch
     analyze.analyze([str(pretrained)], str(tmp_path), step=7)
   with pytest.raises(ValueError, match=r"names a workdir twice"):
     analyze.analyze([str(pretrained), str(pretrained)], str(tmp_path))
+  (tmp_path / analyze.RESULTS_FILE).write_text('{"command": "maelm-analyze --x"}')
+  with pytest.raises(FileExistsError, match=r"already holds rank.json \(made by: "
+                     r"maelm-analyze --x\); name another --out, or pass --overwrite"):
+    analyze.analyze([str(pretrained)], str(tmp_path), num_tokens=128)
+  assert (tmp_path / analyze.RESULTS_FILE).read_text() == '{"command": "maelm-analyze --x"}'
 
 
 def test_cli_missing_workdir_is_a_one_line_error(tmp_path):

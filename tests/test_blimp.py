@@ -252,6 +252,19 @@ def test_cli_scores_every_workdir_and_the_bigram_baseline(tmp_path, workdirs):
   for name in ("tiny_mlm", "tiny_maelm"):
     assert f"blimp {name}: 30/30 pairs (100%)" in result.stderr, result.stderr[-3000:]
   assert "pairs/s" in result.stderr
+  # A hurried rerun with other flags into the same --out: refused before any
+  # work, the scores kept; --overwrite replaces them.
+  before = (out / "blimp.json").read_bytes()
+  again = run_cli(f"--workdir={workdirs[0]}", f"--data={data}", f"--out={out}",
+                  "--ngram_tokens=0", "--max_pairs=2")
+  assert again.returncode == 1 and "Traceback" not in again.stderr
+  assert (f"error: --out={out} already holds blimp.json (made by: "
+          f"{results['command']}); name another --out, or pass --overwrite") in again.stderr
+  assert (out / "blimp.json").read_bytes() == before
+  again = run_cli(f"--workdir={workdirs[0]}", f"--data={data}", f"--out={out}",
+                  "--ngram_tokens=0", "--max_pairs=2", "--overwrite")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert json.loads((out / "blimp.json").read_text())["models"]["tiny_mlm"]["pairs"] == 6
 
 
 def test_cli_bad_input_is_one_line_before_any_work(tmp_path, workdirs):

@@ -96,6 +96,23 @@ class WorkdirError(ValueError):
   """The workdir cannot be used by this run; nothing in it was changed."""
 
 
+def check_results_out(out: str, results_file: str, overwrite: bool) -> None:
+  """An evaluation's `--out` holding an earlier `results_file` (hours of scoring,
+  perhaps) is refused before any work unless `overwrite`: a quick rerun with other
+  flags would replace it silently."""
+  path = os.path.join(out, results_file)
+  if overwrite or not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      command = json.load(f).get("command") or "another command"
+  except (OSError, ValueError):
+    command = "another command"
+  raise FileExistsError(
+      f"--out={out} already holds {results_file} (made by: {command}); name another "
+      "--out, or pass --overwrite to replace it (nothing was touched)")
+
+
 def saved_mode(workdir: str) -> str | None:
   """The mode of the run that owns `workdir` ('pretrain', 'glue', 'squad'), or
   None for a new workdir. Pretraining configs written before `mode` existed

@@ -57,6 +57,7 @@ import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.core import cli, config_defaults as defaults, storage
+from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.data import pipeline, sources
 from maelm_jax.data import tokenizer as tokenizer_lib
@@ -228,11 +229,13 @@ def _ranks(run: pretrained_lib.Pretrained, rows, num_tokens: int, batch_size: in
 
 def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,
             step: int | None = None, batch_size: int = 32, seq_len: int | None = None,
-            command: str = "") -> dict:
-  """Writes `out/rank.json` and `out/effective_rank.png`; returns the former."""
+            command: str = "", overwrite: bool = False) -> dict:
+  """Writes `out/rank.json` and `out/effective_rank.png` (refusing an `out` that
+  holds earlier results, unless `overwrite`); returns the former."""
   if not workdirs or num_tokens < 1 or batch_size < 1:
     raise ValueError("--workdir needs a pretraining workdir, --num_tokens and "
                      "--batch_size a positive number")
+  workdir_lib.check_results_out(out, RESULTS_FILE, overwrite)
   paths = [storage.absolute(w) for w in workdirs]  # gs:// too (storage.py).
   if len(set(paths)) < len(paths):
     raise ValueError(f"--workdir names a workdir twice: {workdirs}")
@@ -322,6 +325,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("step", None, "Checkpoint step (default: each one's newest)")
   flags.DEFINE_integer("batch_size", 32, "Rows per forward pass")
   flags.DEFINE_integer("seq_len", None, "Row length (default: the first workdir's)")
+  flags.DEFINE_bool("overwrite", False, "Replace the results already in --out")
   flags.mark_flags_as_required(["workdir", "out"])
 
 
@@ -330,7 +334,8 @@ def main():
   results = analyze(
       FLAGS.workdir, FLAGS.out, source=FLAGS.source,
       num_tokens=FLAGS.num_tokens, step=FLAGS.step, batch_size=FLAGS.batch_size,
-      seq_len=FLAGS.seq_len, command=cli.command_line("maelm_jax.analyze"))
+      seq_len=FLAGS.seq_len, command=cli.command_line("maelm_jax.analyze"),
+      overwrite=FLAGS.overwrite)
   print(format_table(results))
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {PLOT_FILE}")
 

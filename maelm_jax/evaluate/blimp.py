@@ -56,6 +56,7 @@ import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.core import cli, progress as progress_lib, sharding, storage
+from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.modeling import masking, model as model_lib
 from maelm_jax.data import sources
 from maelm_jax.data import tokenizer as tokenizer_lib
@@ -465,12 +466,14 @@ def evaluate(workdirs: Sequence[str], data: str, out: str, *,
              variant: str = DEFAULT_VARIANT, step: int | None = None,
              batch_size: int = 512, max_pairs_per_paradigm: int = 0,
              ngram_tokens: int = 5_000_000, ngram_source: str = "",
-             command: str = "") -> dict:
-  """Scores every workdir (and the bigram baseline) on BLiMP; writes `out`."""
+             command: str = "", overwrite: bool = False) -> dict:
+  """Scores every workdir (and the bigram baseline) on BLiMP; writes `out`
+  (refusing one that holds earlier results, unless `overwrite`)."""
   if variant not in VARIANTS:
     raise ValueError(f"--variant={variant!r} is unknown; use one of {VARIANTS}")
   if len(set(map(os.path.abspath, workdirs))) != len(workdirs):
     raise ValueError(f"--workdir names a workdir twice: {list(workdirs)}")
+  workdir_lib.check_results_out(out, RESULTS_FILE, overwrite)
   pairs = read_pairs(data, max_pairs_per_paradigm)
   runs = [load_run(w, step) for w in workdirs]  # Every input error before any work.
   os.makedirs(out, exist_ok=True)
@@ -542,6 +545,7 @@ def _define_flags() -> None:
                        "baseline is counted on (0: no baseline)")
   flags.DEFINE_string("ngram_source", "", "Text for the bigram baseline (a "
                       "data.source spec; default: the first workdir's)")
+  flags.DEFINE_bool("overwrite", False, "Replace the results already in --out")
   flags.mark_flags_as_required(["workdir", "data", "out"])
 
 
@@ -551,7 +555,7 @@ def main():
       FLAGS.workdir, FLAGS.data, FLAGS.out, variant=FLAGS.variant,
       step=FLAGS.step, batch_size=FLAGS.batch_size, max_pairs_per_paradigm=FLAGS.max_pairs,
       ngram_tokens=FLAGS.ngram_tokens, ngram_source=FLAGS.ngram_source,
-      command=cli.command_line("maelm_jax.blimp"))
+      command=cli.command_line("maelm_jax.blimp"), overwrite=FLAGS.overwrite)
   print(format_table(results))
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {TABLE_FILE}, "
         f"{PLOT_FILE}")
