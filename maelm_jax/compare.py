@@ -157,6 +157,26 @@ def shared_tokenizer(config_file: str, overrides: dict, out: str) -> str:
   return path
 
 
+def check_heldout_for_ranks(config_file: str, overrides: dict, num_tokens: int) -> None:
+  """The effective rank (the last step, after hours of pretraining and fine-tuning)
+  reads `num_tokens` [MASK] slots of the runs' held-out text: too little text is
+  said now, with this command's flags."""
+  from maelm_jax.data import sources, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  config = sweep.expand(config_file, overrides)[0]["config"]
+  data = config.data
+  text = sources.open_source(data.source, sources.EVAL, eval_fraction=data.eval_fraction,
+                             text_field=data.text_field,
+                             tfds_data_dir=data.tfds_data_dir or None).as_text()
+  try:
+    analyze.read_rows(text, tokenizer_lib.open_tokenizer(overrides["tokenizer.path"]),
+                      config.seq_len, num_tokens)
+  except ValueError as error:
+    raise ValueError(f"{str(error).split('; lower')[0]}, which the effective rank "
+                     f"reads after the runs: lower --num_tokens (at least the hidden "
+                     "size), or give the runs more held-out text "
+                     "(--config.data.eval_fraction, --config.data.source)") from error
+
+
 # --------------------------------------------------------------------------
 # Results.
 # --------------------------------------------------------------------------
@@ -456,6 +476,7 @@ def compare(config_file: str, out: str, overrides: dict, *, glue_dir: str,
   overrides = dict(overrides)
   if not overrides.get("tokenizer.path"):
     overrides["tokenizer.path"] = shared_tokenizer(config_file, overrides, out)
+  check_heldout_for_ranks(config_file, overrides, num_tokens)
   runs = sweep.run_sweep(config_file, os.path.join(out, "pretrain"), overrides)
 
   blimp_results = (blimp_scores(runs, blimp_dir, out, max_pairs=blimp_max_pairs)

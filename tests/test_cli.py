@@ -99,6 +99,9 @@ def test_every_console_script_names_a_command():
   for name, module, function in SCRIPTS:
     assert module in COMMANDS, f"{name}: {module} is not a command"
     assert callable(getattr(importlib.import_module(module), function)), name
+  readme = pathlib.Path(REPO, "README.md").read_text()
+  unlisted = sorted(name for name in names if f"`{name}`" not in readme)
+  assert not unlisted, f"README.md's list of console scripts leaves out {unlisted}"
 
 
 def test_configs_resolve_to_the_packaged_ones_from_any_directory(tmp_path, monkeypatch):

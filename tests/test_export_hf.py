@@ -386,6 +386,8 @@ def test_a_finetuned_classifier_exports_to_sequence_classification(finetuned_exp
   and transformers' text-classification pipeline; the card names the task,
   its dev results and the license."""
   workdir, out, data = finetuned_exports[name]
+  # The class the command's hint names (export_hf.main prints it).
+  assert export_hf.auto_class(str(out)) == "AutoModelForSequenceClassification"
   rows, jax_logits, examples = jax_classifier(workdir, data)
   remote = name == "maelm"
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -475,6 +477,7 @@ def test_a_squad_run_exports_to_question_answering(squad_exports, name):
   every dev window (1e-4, real tokens), the reference rows, and transformers'
   question-answering pipeline answering from the context."""
   workdir, out, eval_file = squad_exports[name]
+  assert export_hf.auto_class(str(out)) == "AutoModelForQuestionAnswering"
   ids, start, end = jax_span_logits(workdir, eval_file)
   remote = name == "maelm"
   model = transformers.AutoModelForQuestionAnswering.from_pretrained(
@@ -563,6 +566,7 @@ def test_a_decoder_exports_and_fills_masks_as_the_jax_model(decoder_exports, nam
   the decoder over them) within 1e-4, with one [MASK] and with two; the
   fill-mask pipeline ranks the JAX model's top predictions."""
   workdir, out = decoder_exports[name]
+  assert export_hf.auto_class(str(out)) == "AutoModelForMaskedLM"
   model = transformers.AutoModelForMaskedLM.from_pretrained(
       out, trust_remote_code=True).eval()
   tokenizer = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)

@@ -192,6 +192,20 @@ def test_rerun_trains_nothing_and_another_config_is_refused(comparison, monkeypa
   assert "learning_rate" in str(error.value) and calls == []
 
 
+def test_too_little_heldout_text_for_the_ranks_is_said_before_any_run(comparison,
+                                                                      monkeypatch):
+  """The effective rank comes last, after hours of pretraining and fine-tuning:
+  a --num_tokens the held-out text cannot fill is refused first, with this
+  command's flags (it ended the command after all that work)."""
+  config_file, out, _ = comparison
+  monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: pytest.fail("pretrained"))
+  with pytest.raises(ValueError, match=r"fewer than --num_tokens=10000000, which the "
+                     r"effective rank reads after the runs: lower --num_tokens .*"
+                     r"--config.data.eval_fraction"):
+    compare.compare(config_file, str(out), {}, glue_dir=str(out.parent / "glue"),
+                    tasks=("sst2",), num_tokens=10**7)
+
+
 def test_the_same_text_files_spelt_from_another_directory_are_the_same_run(
     tmp_path, monkeypatch):
   """A sweep re-run from another directory, or with the absolute path, is the

@@ -130,6 +130,18 @@ def test_bad_model_knobs_fail_before_compilation(tmp_path, no_compile, overrides
     train.train_and_evaluate(small_run_config(**overrides), str(tmp_path))
 
 
+def test_an_init_from_with_no_checkpoint_fails_before_the_corpus_is_read(
+    tmp_path, no_compile, monkeypatch):
+  def forbidden(*args, **kwargs):
+    raise AssertionError("read the corpus before rejecting init_from")
+  monkeypatch.setattr(train.sources, "open_source", forbidden)
+  for init_from in (tmp_path / "nowhere", tmp_path):  # Missing; no checkpoint.
+    config = small_run_config(init_from=str(init_from))
+    with pytest.raises(FileNotFoundError, match=f"--config.init_from={init_from} has "
+                       "no finished checkpoint .*: name the --workdir of a maelm_jax"):
+      train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
 def test_mlm_with_decoder_knobs_is_rejected(tmp_path, no_compile):
   config = tiny_config("mlm", **{"model.decoder_layers": 2})
   with pytest.raises(ValueError, match="objective 'mlm' .* takes no decoder"):

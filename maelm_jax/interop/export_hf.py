@@ -708,7 +708,18 @@ def main():
   remote = "" if kind == "roberta" else ", trust_remote_code=True"
   print(f"exported a {kind} encoder to {out}\n"
         f"  AutoTokenizer.from_pretrained({out!r}{remote})\n"
-        f"  AutoModel.from_pretrained({out!r}{remote})")
+        f"  {auto_class(out)}.from_pretrained({out!r}{remote})")
+
+
+def auto_class(out: str) -> str:
+  """The transformers Auto class that loads the export with its head (a
+  fine-tuned classifier, span head or LM head), from its config's architecture."""
+  with open(os.path.join(out, "config.json")) as f:
+    architecture = (json.load(f).get("architectures") or [""])[0]
+  for suffix in ("SequenceClassification", "QuestionAnswering", "MaskedLM"):
+    if architecture.endswith("For" + suffix):
+      return "AutoModelFor" + suffix
+  return "AutoModel"
 
 
 # `python -m` and the maelm-export command (setup.py's console scripts).

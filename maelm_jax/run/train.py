@@ -246,8 +246,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         print("\n".join(lines), flush=True)
       return {"dry_run": True}
     run_session.claim(config, workdir, "pretrain")
+    if config.init_from and checkpoints.latest_step(workdir) is None:
+      check_init_from(config.init_from)  # Before the corpus is read.
     with run_session.hold(workdir):  # One live run per workdir.
       return _train_and_evaluate(config, workdir)
+
+
+def check_init_from(init_from: str) -> None:
+  """A new run's init_from is a run that saved a checkpoint (a resumed run reads
+  its own checkpoint, whatever became of init_from since)."""
+  if checkpoints.latest_step(init_from) is None:
+    raise FileNotFoundError(
+        f"--config.init_from={init_from} has no finished checkpoint (in "
+        f"{checkpoints.checkpoint_dir(init_from)}): name the --workdir of a maelm_jax "
+        "run that saved one, or of an import (maelm-import)")
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
