@@ -91,7 +91,11 @@ def main() -> None:
 
 
 # `python -m` and the maelm-pretrain and maelm-finetune command (setup.py's console scripts).
-console = cli.command(main, define_flags)
+# Ctrl-C while training saves and exits 130 by itself (run_session); one before
+# training (the tokenizer, the corpus report) or during a save ends here.
+console = cli.command(main, define_flags,
+                      stopped="nothing saved is lost; the same command resumes (or starts) "
+                      "the run")
 
 if __name__ == "__main__":
   console()

@@ -162,6 +162,26 @@ def test_too_little_text_for_the_vocab_size(tmp_path, paragraphs):
   assert os.listdir(tmp_path) == []  # No temporary files left behind.
 
 
+def test_ctrl_c_during_training_leaves_no_temporary_files(tmp_path, paragraphs,
+                                                          monkeypatch):
+  """Ctrl-C while reading the text, or while SentencePiece builds the vocabulary
+  (C++: the interrupt is raised once it returns, its files written)."""
+  def interrupted(texts):
+    yield from texts[:5]
+    raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    tokenizer_lib.train_tokenizer(interrupted(paragraphs), str(tmp_path / "t"),
+                                  vocab_size=100)
+  assert os.listdir(tmp_path) == []
+  proto_class = tokenizer_lib.sentencepiece_model_pb2.ModelProto
+  def interrupt_after_training(data):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(proto_class, "FromString", interrupt_after_training)
+  with pytest.raises(KeyboardInterrupt):
+    tokenizer_lib.train_tokenizer(paragraphs, str(tmp_path / "t"), vocab_size=100)
+  assert os.listdir(tmp_path) == []
+
+
 def test_empty_text(tmp_path):
   with pytest.raises(ValueError, match="empty"):
     tokenizer_lib.train_tokenizer(["", "   "], str(tmp_path / "t"), vocab_size=100)

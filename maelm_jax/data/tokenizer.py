@@ -539,11 +539,15 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str, *, vocab_size: int,
         control_symbols=list(SPECIAL_TOKENS[CLS_ID:]),
         minloglevel=2,
     )
-  except RuntimeError as e:
+  except BaseException as e:  # A failure, or Ctrl-C: no temporary file stays.
     for suffix in (".model", ".vocab"):
       if os.path.exists(tmp_prefix + suffix):
         os.remove(tmp_prefix + suffix)
+    if not isinstance(e, RuntimeError):
+      raise
     message = str(e)
+    if "KeyboardInterrupt" in message:  # Ctrl-C while the trainer read the text.
+      raise KeyboardInterrupt from None
     too_high = _VOCAB_TOO_HIGH.search(message)
     if too_high:
       limit = int(too_high.group(2))
@@ -557,15 +561,20 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str, *, vocab_size: int,
           "the tokenizer training text is empty: the data source yielded no "
           "non-blank documents; check --config.data.source") from e
     raise RuntimeError(f"SentencePiece training failed: {message}") from e
-  # The trainer records its output prefix in the model; ours is a random
-  # temporary name, so clear it to keep the file a pure function of the input.
-  with open(tmp_prefix + ".model", "rb") as f:
-    proto = sentencepiece_model_pb2.ModelProto.FromString(f.read())
-  proto.trainer_spec.ClearField("model_prefix")
-  with open(tmp_prefix + ".model", "wb") as f:
-    f.write(proto.SerializeToString())
-  os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
-  os.replace(tmp_prefix + ".model", model_prefix + ".model")
+  try:
+    # The trainer records its output prefix in the model; ours is a random
+    # temporary name, so clear it to keep the file a pure function of the input.
+    with open(tmp_prefix + ".model", "rb") as f:
+      proto = sentencepiece_model_pb2.ModelProto.FromString(f.read())
+    proto.trainer_spec.ClearField("model_prefix")
+    with open(tmp_prefix + ".model", "wb") as f:
+      f.write(proto.SerializeToString())
+    os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
+    os.replace(tmp_prefix + ".model", model_prefix + ".model")
+  finally:  # Ctrl-C while the trainer ran arrives here, after it wrote its files.
+    for suffix in (".model", ".vocab"):
+      if os.path.exists(tmp_prefix + suffix):
+        os.remove(tmp_prefix + suffix)
   return Tokenizer(model_prefix + ".model")
 
 
