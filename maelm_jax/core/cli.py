@@ -101,7 +101,18 @@ class QuietLibraries(pylogging.Filter):
     if (("/orbax/" in record.pathname or "/asyncio/" in record.pathname)
         and _said_in_one_line(record)):
       return False
+    if "/orbax/" in record.pathname and _ITEM_WITHOUT_METADATA.search(
+        record.getMessage()):
+      return False
     return record.levelno >= pylogging.WARNING or not noisy
+
+
+# What orbax warns on every read of one item of a step (checkpoints/N/state, as
+# restores, fine-tuning and exports read it): an item has no step metadata of
+# its own, which lives one folder up. The checkpoint is fine; the warning read
+# like a broken one.
+_ITEM_WITHOUT_METADATA = re.compile(
+    r"^Metadata file does not exist: .*/checkpoints/\d+/\w+/_CHECKPOINT_METADATA$")
 
 
 def _closed_loop_noise(kind, error, trace) -> bool:
