@@ -210,28 +210,23 @@ def test_ctrl_c_saves_and_resumes_exactly(tmp_path, tokenizer_file, reference):
 
 
 def test_errors_are_one_line_without_a_traceback(tmp_path, trained):
-  misspelt = fails([sys.executable, "-m", "maelm_jax.main",
-                    "--config=configs/pretrain.py", f"--workdir={tmp_path}",
-                    "--config.lerning_rate=3e-3"])
-  assert misspelt.strip().splitlines() == [
-      "error in the command line: --config has no key 'lerning_rate'; did you mean "
-      "'learning_rate'?"]
-  bad_argument = fails([sys.executable, "-m", "maelm_jax.main",
-                        "--config=configs/pretrain.py:objectiv=mlm", f"--workdir={tmp_path}"])
-  assert bad_argument.strip().splitlines() == [
-      "error in the command line: flag --config=configs/pretrain.py:objectiv=mlm: "
-      "unknown config argument 'objectiv'; known: ['objective', 'recipe', 'size']"]
-  unknown_size = fails([sys.executable, "-m", "maelm_jax.main",
-                        "--config=configs/pretrain.py:size=huge", f"--workdir={tmp_path}"])
-  assert unknown_size.strip().splitlines() == [
-      "error in the command line: flag --config=configs/pretrain.py:size=huge: "
-      "size='huge' is unknown; use one of ['tiny', 'small', 'base', 'large']"]
-  misspelt_file = fails([sys.executable, "-m", "maelm_jax.main",
-                         "--config=configs/pretrian.py:size=tiny", f"--workdir={tmp_path}"])
-  assert misspelt_file.strip().splitlines() == [
-      "error in the command line: --config=configs/pretrian.py:size=tiny: no such file "
-      "configs/pretrian.py; configs/ has compare.py, demo.py, glue.py, pretrain.py, "
-      "squad.py"]
+  said_in_one_line = {  # The command line's mistake: what is said.
+      ("--config=configs/pretrain.py", "--config.lerning_rate=3e-3"):
+          "--config has no key 'lerning_rate'; did you mean 'learning_rate'?",
+      ("--config=configs/pretrain.py:objectiv=mlm",):
+          "flag --config=configs/pretrain.py:objectiv=mlm: unknown config argument "
+          "'objectiv'; known: ['objective', 'recipe', 'size']",
+      ("--config=configs/pretrain.py:size=huge",):
+          "flag --config=configs/pretrain.py:size=huge: size='huge' is unknown; use "
+          "one of ['tiny', 'small', 'base', 'large']",
+      ("--config=configs/pretrian.py:size=tiny",):
+          "--config=configs/pretrian.py:size=tiny: no such file configs/pretrian.py; "
+          "configs/ has compare.py, demo.py, glue.py, pretrain.py, squad.py",
+  }
+  for args, said in said_in_one_line.items():
+    stderr = fails([sys.executable, "-m", "maelm_jax.main", *args,
+                    f"--workdir={tmp_path}"])
+    assert stderr.strip().splitlines() == [f"error in the command line: {said}"]
   small = ["--config=configs/pretrain.py:size=small", f"--workdir={tmp_path / 'small'}",
            "--config.total_steps=2", f"--config.init_from={trained}",
            "--config.tokenizer.vocab_size=600", "--config.data.source=pydoc:",
