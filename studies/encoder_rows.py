@@ -13,7 +13,7 @@ studies/RESULTS.md ("Every encoder by one protocol").
 W: a pretraining workdir (a slim copy is enough: config.json and metrics.jsonl);
 `--blimp`: `maelm_jax.blimp`'s blimp.json scoring them (models named as the
 workdirs' folders); `--scores`: `studies/score_encoders.py`'s scores.json. A task
-nobody scored is null. Rows already in --out under other names are kept. Rows of
+nobody scored is null. Rows already in --out stay (a rescored one in its place). Rows of
 one pretraining at several points (half way, the end) share a `run`.
 """
 
@@ -25,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.collect_rows import write_rows  # noqa: E402
+from maelm_jax.finetune import glue_data  # noqa: E402
 from maelm_jax.modeling.model import SIZES  # noqa: E402
 
 TASKS = ("sst2", "qnli", "cola")
@@ -64,11 +65,18 @@ def encoder_row(name: str, workdir: str, blimp: dict, scores: dict,
       "blimp": scored.get("mean"), "blimp_pairs": scored.get("pairs"),
   }
   for task in TASKS:
-    entry = glue.get(task)
-    row[task] = None if entry is None else {
-        "median": entry["median"], "low": entry["seed_range"][0],
-        "high": entry["seed_range"][1], "learning_rate": entry["learning_rate"]}
+    row[task] = None if glue.get(task) is None else in_points(task, glue[task])
   return row
+
+
+def in_points(task: str, entry: dict) -> dict:
+  """score_encoders' entry of a task (`median`: every metric's median over the
+  seeds; `seed_range`: the task's main metric's, as fractions) as the row's
+  {median, low, high} of the main metric in points (accuracy %, MCC x 100)."""
+  median = entry["median"][glue_data.get_task(task).main_metric]
+  low, high = entry["seed_range"]
+  return {"median": 100 * median, "low": 100 * low, "high": 100 * high,
+          "learning_rate": entry["learning_rate"]}
 
 
 OBJECTIVE_TITLES = {"mlm": "MLM", "maelm": "MAE-LM", "3ml": "3ML"}
@@ -230,10 +238,11 @@ def main(argv=None) -> int:
     row = encoder_row(name, workdir, blimp, scores, run)
     row.update(device=args.device, command=args.command)
     rows.append(row)
-  if os.path.exists(args.out):
+  if os.path.exists(args.out):  # A rescored row keeps its place; new ones go last.
     with open(args.out) as f:
-      names = {r["name"] for r in rows}
-      rows = [r for r in json.load(f) if r["name"] not in names] + rows
+      kept = json.load(f)
+    new = {r["name"]: r for r in rows}
+    rows = ([new.pop(r["name"], r) for r in kept] + list(new.values()))
   write_rows(args.out, rows)
   return 0
 

@@ -36,8 +36,12 @@ def test_a_row_holds_the_saved_step_its_flops_and_each_task_median_with_its_rang
   workdir = fake_workdir(tmp_path / "w1", objective="maelm", mask_ratio=0.15,
                          logged_steps=[200, 400], saved_step=450)
   blimp = {"w1": {"mean": 61.5, "pairs": 7200}}
-  scores = {"enc": {"glue": {"sst2": {"median": 80.1, "seed_range": [79.0, 81.2],
-                                      "learning_rate": 1e-3}}}}
+  # score_encoders' form: every metric's median, the main metric's seed range.
+  scores = {"enc": {"glue": {
+      "sst2": {"median": {"accuracy": 0.801, "loss": 0.45},
+               "seed_range": [0.79, 0.812], "learning_rate": 1e-3},
+      "cola": {"median": {"accuracy": 0.7, "matthews_corr": 0.125},
+               "seed_range": [0.1, 0.15], "learning_rate": 3e-4}}}}
   row = encoder_rows.encoder_row("enc", workdir, blimp, scores, run="grow")
   # SIGTERM saved step 450 after the last log at 400: the row is the saved encoder.
   assert (row["steps"], row["schedule_steps"], row["run"]) == (450, 1000, "grow")
@@ -46,12 +50,16 @@ def test_a_row_holds_the_saved_step_its_flops_and_each_task_median_with_its_rang
   assert row["shape"] == "8x128"  # num_layers set, hidden from the size `tiny`.
   assert (row["heldout_mask_accuracy"], row["heldout_mask_rate"]) == (0.4, 0.15)
   assert (row["blimp"], row["blimp_pairs"], row["dtype"]) == (61.5, 7200, "bfloat16")
-  assert row["sst2"] == {"median": 80.1, "low": 79.0, "high": 81.2, "learning_rate": 1e-3}
-  assert row["qnli"] is None and row["cola"] is None  # Nobody scored them.
+  # In points, of each task's main metric (CoLA: Matthews correlation x 100).
+  assert row["sst2"] == pytest.approx({"median": 80.1, "low": 79.0, "high": 81.2,
+                                       "learning_rate": 1e-3})
+  assert row["cola"] == pytest.approx({"median": 12.5, "low": 10.0, "high": 15.0,
+                                       "learning_rate": 3e-4})
+  assert row["qnli"] is None  # Nobody scored it.
   line = encoder_rows.markdown([{**row, "device": "one NVIDIA H200 (call 2)"}])[2]
-  assert line.startswith("| MAE-LM (cross), 8 x 128, batch 64, bfloat16, 45% of its "
-                         "schedule | one H200 | 900 TFLOP | 4 M | 40.0% | 61.5 | "
-                         "80.1 (79.0 to 81.2) |  |")
+  assert line == ("| MAE-LM (cross), 8 x 128, batch 64, bfloat16, 45% of its "
+                  "schedule | one H200 | 900 TFLOP | 4 M | 40.0% | 61.5 | "
+                  "80.1 (79.0 to 81.2) |  | 12.5 (10.0 to 15.0) |")
 
 
 def test_the_figure_draws_each_run_against_flops_and_each_control_as_a_line(tmp_path):
