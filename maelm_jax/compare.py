@@ -161,14 +161,11 @@ def check_heldout_for_ranks(config_file: str, overrides: dict, num_tokens: int) 
   """The effective rank (the last step, after hours of pretraining and fine-tuning)
   reads `num_tokens` [MASK] slots of the runs' held-out text: too little text is
   said now, with this command's flags."""
-  from maelm_jax.data import sources, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   config = sweep.expand(config_file, overrides)[0]["config"]
-  data = config.data
-  text = sources.open_source(data.source, sources.EVAL, eval_fraction=data.eval_fraction,
-                             text_field=data.text_field,
-                             tfds_data_dir=data.tfds_data_dir or None).as_text()
   try:
-    analyze.read_rows(text, tokenizer_lib.open_tokenizer(overrides["tokenizer.path"]),
+    analyze.read_rows(analyze.heldout_text(config.data),
+                      tokenizer_lib.open_tokenizer(overrides["tokenizer.path"]),
                       config.seq_len, num_tokens)
   except ValueError as error:
     raise ValueError(f"{str(error).split('; lower')[0]}, which the effective rank "

@@ -227,6 +227,15 @@ def _ranks(run: pretrained_lib.Pretrained, rows, num_tokens: int, batch_size: in
                    for kind in KINDS}}
 
 
+def heldout_text(data, source: str = ""):
+  """The held-out split of `source` (default: the run's `data.source`) as text, as
+  a run's `data` config splits it."""
+  return sources.open_source(source or data.source, sources.EVAL,
+                             eval_fraction=data.eval_fraction, text_field=data.text_field,
+                             tfds_data_dir=data.tfds_data_dir or None,
+                             on_bad_text=defaults.get(data, "on_bad_text", "data")).as_text()
+
+
 def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,
             step: int | None = None, batch_size: int = 32, seq_len: int | None = None,
             command: str = "", overwrite: bool = False) -> dict:
@@ -251,11 +260,7 @@ def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,
       raise ValueError(f"--seq_len={seq_len} exceeds the {run.model_cfg.max_positions}"
                        f" positions of {path}; lower --seq_len")
   source = source or data.source
-  text = sources.open_source(source, sources.EVAL, eval_fraction=data.eval_fraction,
-                             text_field=data.text_field,
-                             tfds_data_dir=data.tfds_data_dir or None,
-                             on_bad_text=defaults.get(data, "on_bad_text", "data"))
-  text = text.as_text()  # Each run tokenizes with its own tokenizer.
+  text = heldout_text(data, source)  # Each run tokenizes with its own tokenizer.
   rows = [read_rows(text, run.tokenizer, seq_len, num_tokens) for run in runs]
   results = {"source": f"{source} (held-out split)", "seq_len": seq_len,
              "num_tokens": num_tokens, "definitions": DEFINITIONS,
