@@ -12,7 +12,7 @@ left() { echo $((CALL_S - (SECONDS - START))); }
 stamp() { echo "$(date +%T) +$((SECONDS - START))s $*" | tee -a $OUT/logs/timeline.txt; }
 stamp "start; $(nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader 2>/dev/null)"
 nvidia-smi > $OUT/logs/nvidia-smi.txt 2>&1
-if [ -d .whl ] && [ "${SMOKE:-0}" != 1 ]; then  # (wheels for the device's Python 3.12)
+if [ -d .whl ] && [ "${SMOKE:-0}${CPU:-0}" = 00 ]; then  # (wheels for the device's Python 3.12)
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD

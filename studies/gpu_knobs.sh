@@ -27,14 +27,23 @@
 #   OUT=$OUT CALL_S=560 bash studies/gpu_knobs.sh
 # A smoke test on a CPU (tiny shapes, a few pairs):
 #   SMOKE=1 OUT=/tmp/knobs_smoke PY=.venv/bin/python bash studies/gpu_knobs.sh
+# The probe at the CPU study's scale (2 x 128, 15 TFLOP each, about 75 minutes of
+# 2 cores; studies/RESULTS.md, "The BabyLM knobs"):
+#   CPU=1 OUT=/tmp/knobs_cpu PY=.venv/bin/python CALL_S=9000 bash studies/gpu_knobs.sh
 KNOB_TFLOPS=${KNOB_TFLOPS:-1200}; BLIMP_S=${BLIMP_S:-150}; BRING_BACK_S=${BRING_BACK_S:-40}
 VARIANTS=${VARIANTS:-"base geglu normformer decay lamb3 lamb10"}
 GROW=${GROW:-.grow}; BLIMP=${BLIMP:-.knobs/blimp}; IDS=${IDS:-/tmp/knob_ids}
 RUNS=${RUNS:-/tmp/knob_runs}; MEM=${MEM:-0.12}; WORKERS=${WORKERS:-2}
-LAYERS=8; BATCH=256; MLP=512; PAIRS=200; EVAL_EVERY=1000
+LAYERS=8; BATCH=256; MLP=512; PAIRS=200; EVAL_EVERY=1000; DTYPE=bfloat16; WARMUP=0.06
 if [ "${SMOKE:-0}" = 1 ]; then  # The same steps at toy sizes, on any machine.
   KNOB_TFLOPS=${KNOB_TFLOPS_SMOKE:-0.02}; LAYERS=2; BATCH=8; MLP=512; PAIRS=3
   EVAL_EVERY=20; MEM=0.9; WORKERS=0
+fi
+if [ "${CPU:-0}" = 1 ]; then  # The probe at the CPU study's scale, on 2 cores: the
+  # 2 x 128 encoder at batch 32 in float32, warm-up a third (a short schedule with
+  # less stays on the unigram plateau: studies/RESULTS.md), the protocol's BLiMP.
+  KNOB_TFLOPS=${KNOB_TFLOPS_CPU:-15}; LAYERS=2; BATCH=32; DTYPE=float32; WARMUP=0.333
+  EVAL_EVERY=250; MEM=0.9; WORKERS=0; BLIMP_S=${BLIMP_S_CPU:-2400}
 fi
 source studies/gpu_common.sh
 
@@ -62,10 +71,10 @@ for v in $VARIANTS; do
   XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM timeout -s TERM $RUN_S $PY -m maelm_jax.main \
     --config=configs/compare.py:size=tiny \
     --config.model.num_layers=$LAYERS --config.model.objective=maelm \
-    --config.model.decoder_type=cross --config.model.dtype=bfloat16 \
+    --config.model.decoder_type=cross --config.model.dtype=$DTYPE \
     --config.model.scan_layers=True --config.model.dropout=0 \
     --config.model.attention_dropout=0 --config.learning_rate=1e-3 \
-    --config.warmup_ratio=0.06 --config.batch_size=$BATCH --config.seq_len=128 \
+    --config.warmup_ratio=$WARMUP --config.batch_size=$BATCH --config.seq_len=128 \
     --config.tokenizer.path=$GROW/tokenizer.model --config.data.source=arrayrecord:$IDS \
     --config.data.num_workers=$WORKERS --config.eval_every=$EVAL_EVERY \
     --config.eval_batches=20 --config.log_every=100 --config.checkpoint_every=100000 \

@@ -1,0 +1,60 @@
+#!/bin/bash
+# The ignored folders that issue 40's device calls carry in, made on this machine
+# from ../shared/data and PyPI. None of them survives a session: a new session's
+# machine holds only what has landed on main (on 2026-11-28 the first call's 8 x 256
+# encoders and the grow run's state were gone with the machine that brought them
+# back). So a session lent a device runs this first, at no device time:
+#   bash studies/prepare_carry.sh whl grow knobs glue      # about 3 minutes
+# and every folder is made again the same way (the tokenizer is seeded: the same
+# text gives the same pieces):
+#   .whl     the packages the device's image lacks (its KINDS.md list), as wheels for
+#            its Python 3.12: grain, array_record, ml_collections, portpicker,
+#            tensorboardX, at the versions this venv runs (their needs are there);
+#   .grow    data/: Wikipedia shards 04 and 05 (20 MB of xz, the text the grow run
+#            and the knob probe train on); tokenizer.model: a unigram tokenizer of
+#            8,000 pieces trained on that text's training split, seed 0, as a
+#            training run would train it;
+#   .knobs   blimp/: the first 200 pairs of each of the 36 paradigms (the protocol's);
+#   .glue    data/: SST-2, QNLI and CoLA as the protocol reads them (5.7 MB); the
+#            encoders to score go in .glue/enc/ by hand (studies/RESULTS.md).
+set -eu
+DATA=${DATA:-../shared/data}; PY=${PY:-.venv/bin/python}
+[ $# -gt 0 ] || set -- whl grow knobs glue
+for part in "$@"; do
+  case $part in
+    whl)
+      mkdir -p .whl
+      for name in grain array_record ml_collections portpicker tensorboardX; do
+        version=$($PY -m pip show $name | sed -n 's/^Version: //p')
+        $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+            --implementation cp --platform manylinux_2_28_x86_64 \
+            --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 -d .whl "$name==$version"
+      done ;;
+    grow)
+      mkdir -p .grow/data
+      cp $DATA/corpus/wikipedia/enwiki-2015-0[45]-of-08.jsonl.xz .grow/data/
+      # As a training run trains its own (run_tokenizer.py): the training split's
+      # documents, the default config's size, type and sample, seed 0.
+      [ -f .grow/tokenizer.model ] || $PY - <<'PYTHON'
+from configs import pretrain
+from maelm_jax.data import pipeline, sources, tokenizer
+config = pretrain.get_config("objective=maelm,size=tiny")
+source = sources.open_source("text:.grow/data/*.jsonl.xz", "train")
+tokenizer.load_or_train_tokenizer(
+    ".grow", lambda: pipeline.training_texts(source),
+    vocab_size=config.tokenizer.vocab_size, model_type=config.tokenizer.model_type,
+    max_sentences=config.tokenizer.max_sentences, seed=0)
+PYTHON
+      ;;
+    knobs)
+      mkdir -p .knobs/blimp
+      for f in $DATA/blimp/*.jsonl; do head -200 $f > .knobs/blimp/$(basename $f); done ;;
+    glue)
+      mkdir -p .glue/data .glue/enc
+      for t in SST-2 QNLI CoLA; do cp -r $DATA/glue/$t .glue/data/; done ;;
+    *) echo "prepare_carry.sh: unknown folder '$part'; use whl, grow, knobs or glue" >&2
+       exit 2 ;;
+  esac
+  echo "$part: $(du -sh .$part | cut -f1)"
+done
