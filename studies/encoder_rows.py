@@ -59,10 +59,18 @@ def encoder_row(name: str, workdir: str, blimp: dict, scores: dict,
       "flops": flops_per_step * last_step,
       "tokens": last_step * config["batch_size"] * config["seq_len"],
       "heldout_mask_accuracy": evals[-1]["eval/mask_accuracy"] if evals else None,
+      "heldout_mask_loss": evals[-1].get("eval/mask_loss") if evals else None,
       # [MASK] accuracies compare at one masking rate (3ML's own is 50%).
       "heldout_mask_rate": model.get("mask_ratio", 0.15),
       "dtype": model.get("dtype"),
       "blimp": scored.get("mean"), "blimp_pairs": scored.get("pairs"),
+      # What a recipe comparison (the BabyLM knobs) varies; the defaults when unset.
+      "recipe": {"seed": config.get("seed", 0),
+                 "learning_rate": config.get("learning_rate"),
+                 "relative_updates": config.get("relative_updates", False),
+                 "mlp_activation": model.get("mlp_activation", "gelu"),
+                 "normformer": model.get("normformer", False),
+                 "mask_ratio_start": model.get("mask_ratio_start", 0.0)},
   }
   for task in TASKS:
     row[task] = None if glue.get(task) is None else in_points(task, glue[task])

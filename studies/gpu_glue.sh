@@ -15,12 +15,12 @@
 #                                 SRC .glue/enc/NAME --dtype=bfloat16 makes one)
 #   .glue/done/ (optional)        glue_runs.tar.xz of an earlier call: its finished
 #                                 runs are skipped (the same paths, the same configs)
-# For example:
-#   mkdir -p .glue/data .glue/enc && for t in SST-2 QNLI CoLA; do
-#     cp -r ../shared/data/glue/$t .glue/data/; done
-#   cp -r /work/gpu40/raw_mlm .glue/enc/mlm_8x256
-#   cp -r /work/gpu40/raw_maelmx .glue/enc/maelmx_8x256
-# On the device, from the repository root:
+# For example, the baseline and one variant a knob probe brought back this session
+# (nothing of a call outlives its session, so a session scores what it makes):
+#   bash studies/prepare_carry.sh glue
+#   cat knobs.tar.part* | tar -C .glue/enc -xf - ./base ./geglu
+# On the device, from the repository root (ROOFLINE_S=0 leaves out phase 0 when the
+# call has only what a session's first call left):
 #   OUT=$OUT CALL_S=560 bash studies/gpu_glue.sh
 # Then here: tar -xJf glue_runs.tar.xz -C DIR; the scores are DIR/<name>/<task>/scores.json,
 # merged in $OUT/glue.json (studies/encoder_rows.py --scores reads it).

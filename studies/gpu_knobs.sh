@@ -12,6 +12,8 @@
 #   lamb3, lamb10  relative_updates=True (LAMB) at 3e-3 and 1e-2: the rate means
 #               a relative step now, so it gets two, and the rule picks between them
 #               on held-out [MASK] loss, not on BLiMP
+#   adam3, adam10  not knobs: the baseline's AdamW at those rates (VARIANTS=...)
+# SEED=1 runs every variant's second pretraining seed (the rule's confirmation).
 # The variants run at the same time, each with its share of the GPU's memory: at this
 # shape one run is bound by launching small kernels (3.5% MFU in the grow call), so
 # several processes fill the GPU better than one after another. Each writes its
@@ -55,6 +57,10 @@ flags() {  # The variant's own overrides.
     decay) echo "--config.model.mask_ratio_start=0.3" ;;
     lamb3) echo "--config.relative_updates=True --config.learning_rate=3e-3" ;;
     lamb10) echo "--config.relative_updates=True --config.learning_rate=1e-2" ;;
+    # Not knobs: the baseline's AdamW at LAMB's rates, to tell LAMB's trust ratio
+    # from a larger step.
+    adam3) echo "--config.learning_rate=3e-3" ;;
+    adam10) echo "--config.learning_rate=1e-2" ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
@@ -79,7 +85,7 @@ for v in $VARIANTS; do
     --config.data.num_workers=$WORKERS --config.eval_every=$EVAL_EVERY \
     --config.eval_batches=20 --config.log_every=100 --config.checkpoint_every=100000 \
     --config.keep_checkpoints=1 --config.total_flops=${KNOB_TFLOPS}e12 \
-    $(flags $v) --workdir=$RUNS/$v > $OUT/logs/$v.log 2>&1 &
+    --config.seed=${SEED:-0} $(flags $v) --workdir=$RUNS/$v > $OUT/logs/$v.log 2>&1 &
 done
 wait
 for v in $VARIANTS; do

@@ -22,13 +22,15 @@ def fake_workdir(path, *, objective, mask_ratio, logged_steps, saved_step):
   (path / "checkpoints" / "tmp").mkdir()  # Not a step: left out.
   (path / "config.json").write_text(json.dumps({
       "batch_size": 64, "seq_len": 128, "total_steps": 1000, "total_flops": 2e15,
+      "seed": 1, "learning_rate": 1e-2, "relative_updates": True,
       "model": {"objective": objective, "decoder_type": "cross", "size": "tiny",
                 "num_layers": 8, "hidden": 0, "mask_ratio": mask_ratio,
-                "dtype": "bfloat16"}}))
+                "dtype": "bfloat16", "mlp_activation": "geglu"}}))
   with open(path / "metrics.jsonl", "w") as f:
     for step in logged_steps:
       f.write(json.dumps({"step": step, "train/loss": 3.0}) + "\n")
-      f.write(json.dumps({"step": step, "eval/mask_accuracy": step / 1000}) + "\n")
+      f.write(json.dumps({"step": step, "eval/mask_accuracy": step / 1000,
+                          "eval/mask_loss": 7 - step / 200}) + "\n")
   return str(path)
 
 
@@ -49,6 +51,11 @@ def test_a_row_holds_the_saved_step_its_flops_and_each_task_median_with_its_rang
   assert row["tokens"] == 450 * 64 * 128
   assert row["shape"] == "8x128"  # num_layers set, hidden from the size `tiny`.
   assert (row["heldout_mask_accuracy"], row["heldout_mask_rate"]) == (0.4, 0.15)
+  assert row["heldout_mask_loss"] == 5.0  # The last evaluation's, at step 400.
+  # The recipe a knob comparison varies: as configured, defaults where unset.
+  assert row["recipe"] == {"seed": 1, "learning_rate": 1e-2, "relative_updates": True,
+                           "mlp_activation": "geglu", "normformer": False,
+                           "mask_ratio_start": 0.0}
   assert (row["blimp"], row["blimp_pairs"], row["dtype"]) == (61.5, 7200, "bfloat16")
   # In points, of each task's main metric (CoLA: Matthews correlation x 100).
   assert row["sst2"] == pytest.approx({"median": 80.1, "low": 79.0, "high": 81.2,
