@@ -30,7 +30,9 @@ def read_metrics(workdir):
 
 
 def test_short_pretraining_on_real_text_lowers_held_out_loss(tmp_path):
-  config = small_run_config(total_steps=40, learning_rate=2e-3, warmup_steps=5)
+  # log_every is no divisor of eval_every: every 10th step still evaluates.
+  config = small_run_config(total_steps=40, learning_rate=2e-3, warmup_steps=5,
+                            log_every=4)
   train.train_and_evaluate(config, str(tmp_path))
   evals = [r for r in read_metrics(tmp_path) if "eval/loss" in r]
   assert [r["step"] for r in evals] == [10, 20, 30, 40]

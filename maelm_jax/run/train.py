@@ -394,7 +394,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         timed_steps += 1
 
       is_last = step == config.total_steps
-      if step % config.log_every == 0 or is_last:
+      # An evaluation step is a log step too, whatever log_every is (eval_every=250
+      # with log_every=100 evaluated only at 500, 1000, ... before).
+      evaluated = step % config.eval_every == 0 or is_last
+      if step % config.log_every == 0 or evaluated:
         metrics, count, bad_step = jax.device_get(
             (metrics, state.nonfinite_count, state.last_nonfinite_step))
         if count > nonfinite_seen:
@@ -416,7 +419,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                 "lr": float(schedule(step - 1)),
                 "tokens_per_sec": steps_per_sec * tokens_per_step,
                 "mfu": steps_per_sec * step_flops / peak if peak else 0.0}
-        evaluated = step % config.eval_every == 0 or is_last
         if evaluated:
           last.update(evaluate(eval_step, state.params, eval_ds, mesh, eval_rng,
                                config.eval_batches))
