@@ -4,7 +4,7 @@
 # machine holds only what has landed on main (on 2026-11-28 the first call's 8 x 256
 # encoders and the grow run's state were gone with the machine that brought them
 # back). So a session lent a device runs this first, at no device time:
-#   bash studies/prepare_carry.sh whl grow knobs glue      # about 3 minutes
+#   bash studies/prepare_carry.sh whl grow knobs glue      # 48 s on 2 cores
 # and every folder is made again the same way (the tokenizer is seeded: the same
 # text gives the same pieces):
 #   .whl     the packages the device's image lacks (its KINDS.md list), as wheels for
