@@ -29,7 +29,7 @@
 #   OUT=$OUT CALL_S=560 bash studies/gpu_knobs.sh
 # A smoke test on a CPU (tiny shapes, a few pairs):
 #   SMOKE=1 OUT=/tmp/knobs_smoke PY=.venv/bin/python bash studies/gpu_knobs.sh
-# The probe at the CPU study's scale (2 x 128, 15 TFLOP each, about 75 minutes of
+# The probe at the CPU study's scale (2 x 128, 15 TFLOP each, 29 minutes of
 # 2 cores; studies/RESULTS.md, "The BabyLM knobs"):
 #   CPU=1 OUT=/tmp/knobs_cpu PY=.venv/bin/python CALL_S=9000 bash studies/gpu_knobs.sh
 KNOB_TFLOPS=${KNOB_TFLOPS:-1200}; BLIMP_S=${BLIMP_S:-150}; BRING_BACK_S=${BRING_BACK_S:-40}

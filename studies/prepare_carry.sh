@@ -15,7 +15,7 @@
 #            8,000 pieces trained on that text's training split, seed 0, as a
 #            training run would train it;
 #   .knobs   blimp/: the first 200 pairs of each of the 36 paradigms (the protocol's);
-#   .glue    data/: SST-2, QNLI and CoLA as the protocol reads them (5.7 MB); the
+#   .glue    data/: SST-2, QNLI and CoLA as the protocol reads them (5.6 MB); the
 #            encoders to score go in .glue/enc/ by hand (studies/RESULTS.md).
 set -eu
 DATA=${DATA:-../shared/data}; PY=${PY:-.venv/bin/python}
