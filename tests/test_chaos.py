@@ -15,7 +15,8 @@ from maelm_jax.run import checkpoints
 
 PLANS = {
     "pretrain": [("compilation", "SIGKILL"), ("steps", "SIGTERM"),
-                 ("checkpoint write", "SIGKILL"), ("first batches", "SIGKILL")],
+                 ("checkpoint write", "SIGKILL"), ("pruning", "SIGKILL"),
+                 ("first batches", "SIGKILL")],
     "glue": [("checkpoint write", "SIGKILL"), ("steps", "SIGTERM")],
 }
 
@@ -44,6 +45,11 @@ def test_killed_runs_end_bitwise_equal_to_uninterrupted_ones(harness):
     write = [k for k in summary["kill_log"] if k["target"] == "checkpoint write"][0]
     assert write["phase"] == "checkpoint write" and write["in_flight_bytes"] > 0
     assert write["committed_step"] < write["logged_step"] + 1
+    assert summary["failed_starts"] == []
+  # Killed while an old checkpoint was being deleted: the next life started.
+  prune = [k for k in summaries["pretrain"]["kill_log"] if k["target"] == "pruning"][0]
+  assert prune["phase"] == "pruning" and prune["exit_code"] == -9
+  assert prune["resumed_from"] == prune["committed_step"]
   pretrain = summaries["pretrain"]
   assert pretrain["metrics"]["records"] == 18 and pretrain["metrics"]["train_steps_once"]
   assert [k["phase"] for k in pretrain["kill_log"]][0] == "compilation"
@@ -94,6 +100,24 @@ def test_lost_work_and_left_processes_are_failures():
   assert summary["failures"] == ["work lost beyond the last committed checkpoint",
                                  "processes left behind by a dead run"]
   assert "lost" in chaos.table(summary)
+
+
+def test_a_start_that_exits_with_an_error_is_a_failure():
+  """A life that stopped by itself with an error (the report's: a half-deleted
+  step blocked every start) fails the harness, whatever else matched."""
+  kills = [chaos.Kill(life=1, target="steps", signal="SIGKILL", phase="steps",
+                      logged_step=4, trained=True, committed_step=3, resumed_from=3,
+                      exit_code=-9)]
+  clean = {"differing_leaves": [], "differing_items": [], "step": 20, "leaves": 1,
+           "bytes": 4}
+  run = {"kills": kills, "lives": 3, "misses": 0, "last_orphans": 0,
+         "wall_seconds": 1.0, "quarantined": [],
+         "failed_starts": [{"life": 2, "exit_code": 1,
+                            "error": "error: checkpoints/40: not a finished"}]}
+  summary = chaos.summarize("pretrain", run, clean, {
+      "records": 20, "differing_records": [], "train_steps_once": True})
+  assert summary["failures"] == [
+      "life 2 exited 1 without a signal: error: checkpoints/40: not a finished"]
 
 
 def test_an_earlier_harness_output_is_never_written_over(tmp_path):

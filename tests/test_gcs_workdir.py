@@ -316,3 +316,27 @@ def test_finetuning_from_and_into_gs(emulator, gs_pretrained, tmp_path):
   assert 0.0 <= results["accuracy"] <= 1.0
   assert records(workdir) and checkpoints.latest_step(workdir) == 4
   assert f"results: {workdir}/eval_results.json" in out.stdout
+
+
+def test_a_prune_cut_short_in_a_bucket_never_blocks_a_start(emulator, monkeypatch):
+  """A bucket has no rename: a pruned step loses its commit marker first, so a
+  kill midway leaves a step that reads as unfinished; the next start removes it
+  (older than the newest complete one) in one line and goes on."""
+  workdir = f"{BUCKET}/pruned-{time.time_ns()}"
+  directory = checkpoints.checkpoint_dir(workdir)
+  fs = storage.filesystem()
+  for step in (4, 8, 12):
+    for name in ("state/array", "commit_success.txt", "_CHECKPOINT_METADATA"):
+      fs.pipe(f"{directory}/{step}/{name}"[len("gs://"):], b"x")
+  marker_when_deleted = []
+  remove_tree = storage.remove_tree
+  monkeypatch.setattr(storage, "remove_tree", lambda path: (
+      marker_when_deleted.append(storage.exists(f"{path}/commit_success.txt")),
+      remove_tree(path)))
+  checkpoints.StepPruner(directory).delete(4)
+  assert marker_when_deleted == [False]
+  # The same kill, earlier: the marker gone, the rest still there.
+  fs.rm(f"{directory}/8/commit_success.txt"[len("gs://"):])
+  assert checkpoints.committed_steps(workdir) == [12]
+  checkpoints.tidy_unfinished_steps(workdir)
+  assert sorted(checkpoints.step_dirs(workdir)) == [12]

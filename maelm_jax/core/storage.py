@@ -206,6 +206,16 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_file(path: str) -> None:
+  """One file gone (nothing there: nothing to do)."""
+  if is_remote(path):
+    fs = filesystem()
+    if fs.exists(_key(path)):
+      fs.rm(_key(path))
+  elif os.path.exists(path):
+    os.remove(path)
+
+
 def rename_dir(source: str, target: str) -> None:
   """A directory moved; on GCS, where there is no rename, copied then deleted."""
   if is_remote(source):

@@ -72,20 +72,98 @@ def latest_step(workdir: str) -> int | None:
   return max(steps) if steps else None
 
 
-def check_no_foreign_steps(workdir: str) -> None:
-  """A numbered folder Orbax did not finish (a copy by hand, a save torn on a
-  filesystem without atomic rename) is neither restored nor moved: the run
-  stops and names it, because the next save of that step would collide. In a
-  bucket, where there is no rename, orbax writes a step under its final name
-  and marks it done last: an unfinished one is its own, and it removes it."""
-  if storage.is_remote(checkpoint_dir(workdir)):
+PRUNING_SUFFIX = ".pruning"
+# Fault injection (tools/chaos.py): seconds a prune takes to delete a step's
+# files, spread between them, as on a slow disk, so that kills land inside it.
+PRUNE_SECONDS_ENV = "MAELM_FAULT_PRUNE_SECONDS"
+
+
+def remove_step(step_dir: str) -> None:
+  """Deletes a step directory so that a kill at any instant leaves either the
+  whole step or nothing a start takes for a step.
+
+  On a local disk the step is first renamed to `<step>.pruning` (atomic), then
+  deleted; a `.pruning` left by a kill is finished by the next start. A bucket
+  has no rename: the commit marker goes first, so a step half deleted reads as
+  unfinished (never restored), then the rest; the next start removes it."""
+  if storage.is_remote(step_dir):
+    storage.remove_file(storage.join(step_dir, COMMIT_MARKERS[1]))
+    storage.remove_tree(step_dir)
     return
-  foreign = sorted(path for path in step_dirs(workdir).values()
-                   if not is_committed(path))
-  if foreign:
+  doomed = step_dir + PRUNING_SUFFIX
+  if os.path.exists(doomed):  # An earlier prune of this number, cut short.
+    shutil.rmtree(doomed, ignore_errors=True)
+  os.rename(step_dir, doomed)
+  seconds = float(os.environ.get(PRUNE_SECONDS_ENV) or 0)
+  if seconds > 0:
+    files = [os.path.join(root, name) for root, _, names in os.walk(doomed)
+             for name in names]
+    for path in files:
+      time.sleep(seconds / len(files))
+      os.remove(path)
+  shutil.rmtree(doomed, ignore_errors=True)
+
+
+class StepPruner:
+  """Deletes the steps orbax's manager retires (`keep_checkpoints`), by
+  `remove_step`, in place of orbax's deleter. Orbax's deletes a local step's
+  files in parallel, `_CHECKPOINT_METADATA` among the first: a kill in that
+  window left a numbered folder holding only `state/`, which blocked every
+  later start. Process 0 deletes, as with orbax's."""
+
+  def __init__(self, directory: str):
+    self.directory = directory
+
+  def delete(self, step: int) -> None:
+    if jax.process_index() == 0:
+      remove_step(storage.join(self.directory, str(step)))
+
+  def delete_steps(self, steps) -> None:
+    for step in steps:
+      self.delete(step)
+
+  def close(self) -> None:
+    pass
+
+
+def tidy_unfinished_steps(workdir: str, *, refuse_newer: bool = True) -> None:
+  """What a kill during a prune or a save left in the checkpoint folder, seen
+  before the run starts.
+
+  - `<step>.pruning` (a prune cut short): deleted.
+  - A numbered folder without its commit marker, older than the newest complete
+    checkpoint: a prune cut short by an earlier version, or a torn copy; no
+    restore would pick it. Deleted, and said in one line.
+  - One newer than every complete checkpoint (a copy by hand, a save torn on a
+    filesystem without atomic rename) is neither restored nor moved: the run
+    stops and names it (`refuse_newer`), because the next save of that step
+    would collide. In a bucket, where orbax writes a step under its final name
+    and marks it done last, an unfinished newest step is orbax's own to clean.
+  """
+  directory = checkpoint_dir(workdir)
+  remote = storage.is_remote(directory)
+  names = storage.listdir(directory)
+  if jax.process_index() == 0 and not remote:
+    for name in names:
+      if name.endswith(PRUNING_SUFFIX) and name.split(".")[0].isdigit():
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+  steps = step_dirs(workdir)
+  committed = [step for step, path in steps.items() if is_committed(path)]
+  newest = max(committed, default=None)
+  unfinished = sorted(step for step in steps if step not in committed)
+  for step in unfinished:
+    if newest is not None and step < newest:
+      if jax.process_index() == 0:
+        logging.warning(
+            "%s: an unfinished step older than the newest complete checkpoint "
+            "(%d), left by a kill while it was being deleted; removed",
+            storage.display(steps[step]), newest)
+        remove_step(steps[step])
+  newer = [steps[step] for step in unfinished if newest is None or step > newest]
+  if newer and refuse_newer and not remote:
     raise CheckpointMismatch(
-        f"{', '.join(foreign)}: not a finished maelm_jax checkpoint (no "
-        f"{COMMIT_MARKERS[0]}); move it out of {checkpoint_dir(workdir)} and rerun")
+        f"{', '.join(newer)}: not a finished maelm_jax checkpoint (no "
+        f"{COMMIT_MARKERS[0]}); move it out of {directory} and rerun")
 
 
 def _tree_metadata(path: str):
@@ -221,7 +299,16 @@ def disk_full_message(directory: str) -> str:
 class Manager(ocp.CheckpointManager):
   """Orbax's manager, plus: the checksums of every step it commits (process 0
   writes them once the step is final, before the next save starts or at the
-  end), and a full disk said in one line instead of orbax's traceback."""
+  end), old steps deleted safely at any instant (`StepPruner`), and a full disk
+  said in one line instead of orbax's traceback."""
+
+  def __init__(self, directory: str, *args, **kwargs):
+    super().__init__(directory, *args, **kwargs)
+    if not hasattr(self, "_checkpoint_deleter"):  # Pinned by tests/test_checkpoints.py.
+      raise RuntimeError("this orbax version's CheckpointManager has no "
+                         "_checkpoint_deleter; maelm_jax.run.checkpoints.Manager "
+                         "needs updating")
+    self._checkpoint_deleter = StepPruner(directory)
 
   def _record_new_checksums(self) -> None:
     if jax.process_index() != 0:

@@ -40,9 +40,9 @@ def claim(config, workdir: str, mode: str) -> None:
   workdir_lib.create(workdir)
   if mode == "pretrain":
     workdir_lib.check_mode(workdir, mode)
-    checkpoints.check_no_foreign_steps(workdir)
   else:
     workdir_lib.check_mode(workdir, mode, config.init_from)
+  checkpoints.tidy_unfinished_steps(workdir, refuse_newer=mode == "pretrain")
   check_same_config(config, workdir, mode)
 
 

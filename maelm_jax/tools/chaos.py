@@ -11,8 +11,10 @@ fine-tuning of it on a synthetic SST-2-format task), the harness
      gets SIGKILL (or, one time in four, SIGTERM: a preemption notice) at an
      instant drawn from --seed inside a phase drawn from PHASES (start-up,
      set-up, first batches through the data pipeline, compilation, steps, the
-     middle of a checkpoint write), until --kills signals were delivered; the
-     last life runs to the end;
+     middle of a checkpoint write, the deletion of an old checkpoint), until
+     --kills signals were delivered; the last life runs to the end. Every life
+     deletes old checkpoints slowly (PRUNE_SECONDS, as on a slow disk), so
+     that kills land inside a prune too;
   3. compares: every array of the final checkpoint (params, optimizer state,
      counters) and the data iterator's state bit for bit with the reference's,
      and metrics.jsonl record by record (each step once, the same values).
@@ -22,8 +24,9 @@ log and the checkpoint directory at the instant of delivery), the step logged,
 the newest committed checkpoint, the step the next life resumed from, steps
 redone, bytes of the interrupted checkpoint write thrown away, and processes the
 dead run left behind; totals by phase in <out>/chaos_report.json and a table.
-Work lost beyond the last committed checkpoint must be 0. Exit 1 if any check
-fails.
+Work lost beyond the last committed checkpoint must be 0, and every start must
+run until its signal (a start that exits with an error is a failure). Exit 1 if
+any check fails.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from maelm_jax.core import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PHASES = ("start-up", "set-up", "first batches", "compilation", "steps",
-          "checkpoint write")
+          "checkpoint write", "pruning")
 # Seen in the ordering the run goes through them; "finishing" (the last step is
 # logged, the final save and close are under way) is never a target, only seen.
 SEEN_PHASES = PHASES + ("finishing",)
@@ -71,6 +74,13 @@ TIMING_KEYS = ("tokens_per_sec", "mfu", "examples_per_sec")
 STEP_LOGGED = r"\bstep \d+/\d+ \|"
 SIGTERM_SHARE = 0.25
 LIFE_TIMEOUT_S = 600
+# How long each life takes to delete an old checkpoint (checkpoints.PRUNE_SECONDS_ENV):
+# a tiny run's step is gone in a millisecond, too quick for a kill to land in.
+PRUNE_SECONDS = 0.6
+# Exit statuses a signal explains: killed, stopped by the signal before the
+# run's handlers were in place, or a clean stop after a SIGTERM's save.
+SIGNAL_EXITS = {"SIGKILL": (-signal.SIGKILL,),
+                "SIGTERM": (0, -signal.SIGTERM, 128 + signal.SIGTERM)}
 
 
 # ------------------------------------------------------------------- The runs --
@@ -169,6 +179,16 @@ def checkpoint_in_flight(workdir: str, since: float = 0.0) -> int:
   return max(total, 1) if found else 0
 
 
+def pruning(workdir: str) -> bool:
+  """Whether an old checkpoint is being deleted now (checkpoints.remove_step)."""
+  from maelm_jax.run import checkpoints  # pylint: disable=import-outside-toplevel
+  try:
+    names = os.listdir(checkpoints.checkpoint_dir(workdir))
+  except FileNotFoundError:
+    return False
+  return any(name.endswith(checkpoints.PRUNING_SUFFIX) for name in names)
+
+
 def session_processes(session_id: int) -> list[int]:
   """Live processes of a session (the run was started as its leader)."""
   found = []
@@ -191,7 +211,7 @@ class Life:
   def __init__(self, command: list[str], workdir: str, mode: str, devices: int):
     env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices),
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu")
+               JAX_PLATFORMS="cpu", MAELM_FAULT_PRUNE_SECONDS=str(PRUNE_SECONDS))
     self.workdir, self.mode = workdir, mode
     self.marks: dict[str, float] = {}
     self.lines: list[str] = []
@@ -228,6 +248,8 @@ class Life:
 
   def phase(self, final_step: int) -> str:
     """Where the run is now, from its log and its workdir."""
+    if pruning(self.workdir):
+      return "pruning"
     if self.checkpoint_in_flight():
       return "checkpoint write"
     records = metrics_records(self.workdir)
@@ -240,6 +262,14 @@ class Life:
 
   def checkpoint_in_flight(self) -> int:
     return checkpoint_in_flight(self.workdir, since=self.launched_at)
+
+  @property
+  def error(self) -> str:
+    """The last line of its log that says what went wrong, for a report."""
+    lines = [line.strip() for line in self.lines if line.strip()]
+    said = [line for line in lines if line.startswith(("error", "Error"))
+            or "Error:" in line]
+    return (said or lines or [""])[-1][:300]
 
   def finish(self, timeout: float) -> tuple[int | None, list[int]]:
     """Waits for the exit; (return code or None if it hung, processes of its
@@ -350,6 +380,9 @@ def deliver(life: Life, target: str, sig: signal.Signals, reference: Reference,
   elif target == "checkpoint write":
     wait_until(lambda: life.checkpoint_in_flight() > 0, life, deadline)
     delay = rng.uniform(0, 0.03)
+  elif target == "pruning":
+    wait_until(lambda: pruning(life.workdir), life, deadline)
+    delay = rng.uniform(0, 0.8 * PRUNE_SECONDS)
   else:
     if target != "start-up":
       wait_until(reached, life, deadline)
@@ -377,6 +410,7 @@ def chaos_run(mode: str, command: list[str], workdir: str, reference: Reference,
   checkpoint_every = 3 if mode == "pretrain" else 10
   delivered: list[Kill] = []
   lives: list[Life] = []
+  failed_starts: list[dict[str, Any]] = []  # Lives that exited with an error.
   misses = 0
   started = time.monotonic()
   wanted = len(plan) if plan is not None else kills
@@ -391,9 +425,12 @@ def chaos_run(mode: str, command: list[str], workdir: str, reference: Reference,
     kill = deliver(life, target, sig, reference, rng, checkpoint_every)
     code, orphans = life.finish(LIFE_TIMEOUT_S)
     if kill is None:  # The run finished (or failed) before the signal.
-      if code != 0:
-        raise RuntimeError(f"life {len(lives)} failed (exit {code}) without a "
-                           f"signal:\n{life.log[-3000:]}")
+      if code != 0:  # Every later start would fail the same way: stop here.
+        failed_starts.append({"life": len(lives), "exit_code": code,
+                              "error": life.error})
+        say(f"  life {len(lives)} failed without a signal (exit {code}): "
+            f"{life.error}")
+        break
       misses += 1
       if metrics_records(workdir)[-1]["step"] >= reference.final_step:
         say(f"  the run reached its end after {len(delivered)} signals; "
@@ -402,6 +439,9 @@ def chaos_run(mode: str, command: list[str], workdir: str, reference: Reference,
       continue
     kill.life = len(lives)
     kill.exit_code = code
+    if code not in SIGNAL_EXITS[kill.signal]:  # It had failed before the signal.
+      failed_starts.append({"life": len(lives), "exit_code": code,
+                            "error": life.error})
     kill.orphans = len(orphans)
     kill.in_flight_bytes = life.checkpoint_in_flight()
     committed = checkpoints.committed_steps(workdir)
@@ -417,12 +457,14 @@ def chaos_run(mode: str, command: list[str], workdir: str, reference: Reference,
   lives.append(last)
   code, orphans = last.finish(LIFE_TIMEOUT_S)
   if code != 0:
-    raise RuntimeError(f"the last life failed (exit {code}):\n{last.log[-3000:]}")
+    failed_starts.append({"life": len(lives), "exit_code": code, "error": last.error})
+    say(f"  the last life failed (exit {code}): {last.error}")
   # Each kill's next life that got as far as reading a checkpoint.
   for kill in delivered:
     later = [lv.start_step for lv in lives[kill.life:] if lv.start_step is not None]
     kill.resumed_from = later[0] if later else None
   return {"kills": delivered, "lives": len(lives), "misses": misses,
+          "failed_starts": failed_starts,
           "last_orphans": len(orphans), "wall_seconds": time.monotonic() - started,
           "quarantined": sorted(n for n in os.listdir(checkpoints.checkpoint_dir(workdir))
                                 if n.endswith(".corrupt"))}
@@ -526,6 +568,9 @@ def summarize(mode: str, run: dict[str, Any], state: dict[str, Any],
     failures.append("a SIGTERM during training did not save at the step it stopped")
   if run["quarantined"]:
     failures.append(f"good checkpoints quarantined: {run['quarantined']}")
+  for failed in run.get("failed_starts", []):
+    failures.append(f"life {failed['life']} exited {failed['exit_code']} "
+                    f"without a signal: {failed['error']}")
   return {
       "run": mode, "kills": len(kills), "lives": run["lives"],
       "finished_before_the_signal": run["misses"],
@@ -534,6 +579,7 @@ def summarize(mode: str, run: dict[str, Any], state: dict[str, Any],
       "steps_lost_beyond_checkpoint": sum(k.lost_steps for k in kills),
       "in_flight_bytes_thrown_away": sum(k.in_flight_bytes for k in kills),
       "processes_left_behind": sum(k.orphans for k in kills) + run["last_orphans"],
+      "failed_starts": run.get("failed_starts", []),
       "sigterm_saved": f"{sum(bool(k.sigterm_saved) for k in sigterms)}/{len(sigterms)}",
       "final_state": state, "metrics": metrics, "failures": failures,
       "wall_seconds": round(run["wall_seconds"], 1),
