@@ -16,7 +16,7 @@ setup(
     # The commands, from any directory (configs/ ships inside the package).
     entry_points={"console_scripts": [
         "maelm-pretrain = maelm_jax.main:console",
-        "maelm-finetune = maelm_jax.main:console",
+        "maelm-finetune = maelm_jax.main:finetune_console",
         "maelm-prepare = maelm_jax.data.prepare_data:console",
         "maelm-blimp = maelm_jax.evaluate.blimp:console",
         "maelm-analyze = maelm_jax.evaluate.analyze:console",

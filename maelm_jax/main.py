@@ -1,7 +1,7 @@
-"""Command-line entry point.
+"""Command-line entry point of pretraining and fine-tuning (the config's `mode`).
 
-  python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=tiny \
-      --workdir=/tmp/maelm [--config.data.source=text:/data/*.txt] [--config.x=...]
+`maelm-pretrain` and `maelm-finetune` are this command with their own --help
+(PRETRAIN_HELP, FINETUNE_HELP).
 """
 
 import sys
@@ -14,8 +14,9 @@ from maelm_jax.core import cli, storage, workdir as workdir_lib
 
 
 def define_flags() -> None:
-  config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
-                                  "configs/pretrain.py:objective=maelm,size=tiny",
+  config_flags.DEFINE_config_file("config", None, "Config file: "
+                                  "configs/pretrain.py:objective=maelm,size=tiny, "
+                                  "configs/glue.py:task=sst2 or configs/squad.py",
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the tokenizer go.")
   flags.mark_flags_as_required(["config", "workdir"])
@@ -90,12 +91,35 @@ def main() -> None:
       sys.exit(130)
 
 
-# `python -m` and the maelm-pretrain and maelm-finetune command (setup.py's console scripts).
-# Ctrl-C while training saves and exits 130 by itself (run_session); one before
-# training (the tokenizer, the corpus report) or during a save ends here.
-console = cli.command(main, define_flags,
-                      stopped="nothing saved is lost; the same command resumes (or starts) "
-                      "the run")
+PRETRAIN_HELP = """Pretrains a masked-language-model encoder (MAE-LM, 3ML or MLM).
+
+  maelm-pretrain --config=configs/pretrain.py:objective=maelm,size=tiny \\
+      --workdir=/tmp/maelm --config.data.source='text:/data/*.txt'
+
+The same command resumes a stopped run. Guide: docs/pretraining-and-data.md;
+fine-tuning: maelm-finetune --help.
+"""
+
+FINETUNE_HELP = """Fine-tunes a pretrained encoder on GLUE or SQuAD.
+
+  maelm-finetune --config=configs/glue.py:task=sst2 --workdir=/tmp/sst2 \\
+      --config.init_from=/tmp/maelm --config.data.dir=/data/glue/SST-2
+  maelm-finetune --config=configs/squad.py:version=1.1 --workdir=/tmp/squad \\
+      --config.init_from=/tmp/maelm \\
+      --config.data.train_file=/data/squad/train-v1.1.json \\
+      --config.data.eval_file=/data/squad/dev-v1.1.json
+
+Tasks of configs/glue.py: sst2, cola, mrpc, qqp, stsb, mnli, qnli, rte, wnli.
+Guide: docs/finetuning-and-evaluation.md; pretraining: maelm-pretrain --help.
+"""
+
+# `python -m` and the maelm-pretrain and maelm-finetune commands (setup.py's
+# console scripts). Ctrl-C while training saves and exits 130 by itself
+# (run_session); one before training (the tokenizer, the corpus report) or
+# during a save ends here.
+_STOPPED = "nothing saved is lost; the same command resumes (or starts) the run"
+console = cli.command(main, define_flags, stopped=_STOPPED, doc=PRETRAIN_HELP)
+finetune_console = cli.command(main, define_flags, stopped=_STOPPED, doc=FINETUNE_HELP)
 
 if __name__ == "__main__":
   console()

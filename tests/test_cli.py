@@ -138,3 +138,31 @@ def test_a_console_script_runs_from_another_directory(tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   assert "dry run: nothing trained" in done.stdout and "mlm/tiny" in done.stdout
   assert not (tmp_path / "run").exists()
+
+
+def test_every_console_script_helps_and_exits_0(tmp_path):
+  """absl's --help exited 1 and printed the console script's empty docstring;
+  maelm-finetune showed pretraining's help. Each command's own text, exit 0,
+  and where the --config.* keys are described. (All at once: each is a process.)"""
+  scripts = re.findall(r'"(maelm-[\w-]+) = ', (pathlib.Path(REPO) / "setup.py").read_text())
+  assert len(scripts) >= 12
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  bin_dir = pathlib.Path(sys.executable).parent
+  running = {name: subprocess.Popen([str(bin_dir / name), "--help"], cwd=tmp_path,
+                                    env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name in scripts}
+  helps = {}
+  for name, process in running.items():
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, (name, process.returncode, err[-1000:])
+    assert out.strip() and "flags:" in out, (name, out[:500])
+    helps[name] = out
+  for name in ("maelm-pretrain", "maelm-finetune", "maelm-sweep", "maelm-compare"):
+    assert "docs/configuration.md" in helps[name], name
+  assert "configs/glue.py" in helps["maelm-finetune"]
+  assert "configs/squad.py" in helps["maelm-finetune"]
+  assert helps["maelm-finetune"].splitlines()[0].startswith("Fine-tunes")
+  assert helps["maelm-pretrain"].splitlines()[0].startswith("Pretrains")
+  assert "A pretraining workdir" not in helps["maelm-export"]
+  assert "fine-tuning workdir" in helps["maelm-export"]

@@ -306,6 +306,25 @@ def test_the_same_command_on_a_finished_run_reports_it_again(trained, tmp_path,
   assert snapshot(workdir) == {k: v for k, v in before.items()}
 
 
+def test_a_finished_run_resumed_longer_keeps_its_schedule_and_says_so(
+    trained, tmp_path, tokenizer_file):
+  """The first-day report: total_steps raised on a finished run restarted the
+  decay over the new length (the rate went back up; a sawtooth in the curve)
+  and the log said only "resumed". Now the rate goes on from where it got to,
+  the log says so in one line, and config.json keeps the schedule for later
+  resumes."""
+  workdir = copy_of(trained, tmp_path)
+  out = run(workdir, tokenizer_file, "--config.total_steps=14")
+  said = [line for line in out.stderr.splitlines() if "total_steps 10 -> 14" in line]
+  assert len(said) == 1 and "under a tenth of the peak" in said[0], out.stderr[-2000:]
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rates = {r["step"]: r["lr"] for r in records if "lr" in r}
+  assert sorted(rates) == list(range(1, 15))
+  assert all(rates[step] <= rates[10] for step in range(11, 15)), rates
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["lr_schedule_segments"] == [[0, 10], [10, 14]]
+
+
 def test_silent_corruption_is_caught_by_checksums_and_quarantined(
     trained, tmp_path, tokenizer_file):
   """Flipped bits in a committed checkpoint's array data (same size, still

@@ -1,5 +1,6 @@
 """Sharded training: same numbers on any mesh, accumulation, optimizer details."""
 
+import json
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -336,3 +337,45 @@ def test_pretraining_with_relative_updates_moves_each_scanned_layer_by_the_rate(
     for p_i, u_i in (zip(p, u) if name in stacked else [(p, u)]):
       np.testing.assert_allclose(np.linalg.norm(u_i), 1e-2 * np.linalg.norm(p_i),
                                  rtol=1e-4)
+
+
+def test_a_longer_resumed_run_goes_on_from_the_rate_it_reached():
+  """The first-day report: 200 steps, then the same run with total_steps=300
+  went from 2e-5 at step 200 back up to 9.1e-4 at step 225 (the decay
+  recomputed over 300 steps). Now the saved schedule holds up to the resume
+  step, then the rate decays linearly from where it was to the end rate."""
+  config = tiny_config(learning_rate=1e-3, warmup_steps=20, total_steps=200)
+  saved = json.loads(config.to_json_best_effort())
+  planned = train_lib.learning_rate_schedule(config)
+  longer = tiny_config(learning_rate=1e-3, warmup_steps=20, total_steps=300)
+  with longer.unlocked():
+    longer, line = train_lib.continued_schedule(longer, saved, resume_step=150)
+  schedule = train_lib.learning_rate_schedule(longer)
+  for count in (0, 20, 100, 149, 150):  # Unchanged up to the resume step.
+    assert float(schedule(count)) == pytest.approx(float(planned(count)))
+  rates = [float(schedule(count)) for count in range(150, 301)]
+  assert all(b <= a + 1e-12 for a, b in zip(rates, rates[1:]))  # Never back up.
+  assert rates[0] == pytest.approx(float(planned(150)))
+  assert rates[75] == pytest.approx(rates[0] / 2, rel=1e-3)  # Linear to 0 at 300.
+  assert rates[-1] == pytest.approx(0.0, abs=1e-9)
+  assert "total_steps 200 -> 300" in line and "from 0.000278 to 0 at step 300" in line
+  assert "useful rate" not in line
+
+  # Resumed again with the same total: the same schedule, nothing said.
+  again = tiny_config(learning_rate=1e-3, warmup_steps=20, total_steps=300)
+  with again.unlocked():
+    again, nothing = train_lib.continued_schedule(
+        again, json.loads(longer.to_json_best_effort()), resume_step=220)
+  assert nothing is None
+  assert float(train_lib.learning_rate_schedule(again)(260)) == pytest.approx(
+      float(schedule(260)))
+
+
+def test_a_finished_run_made_longer_is_told_its_rate_is_spent():
+  config = tiny_config(learning_rate=1e-3, warmup_steps=20, total_steps=200)
+  longer = tiny_config(learning_rate=1e-3, warmup_steps=20, total_steps=300)
+  with longer.unlocked():
+    longer, line = train_lib.continued_schedule(
+        longer, json.loads(config.to_json_best_effort()), resume_step=200)
+  assert float(train_lib.learning_rate_schedule(longer)(225)) == pytest.approx(0.0)
+  assert "under a tenth of the peak" in line and "--config.init_from" in line

@@ -51,6 +51,10 @@ def get_config(arg=None):
   # budget, whose step counts differ, warm up over the same share of training).
   config.warmup_ratio = 0.0
   config.end_learning_rate_ratio = 0.0  # Linear decay to this fraction of the peak.
+  # Written by a resume with another total_steps, not by hand: ((0, first
+  # total), (resumed at, new total), ...); the rate goes on linearly from where
+  # it got to (train_lib.continued_schedule). Empty: one warm-up and decay.
+  config.lr_schedule_segments = ()
   config.weight_decay = 0.01  # AdamW's decoupled weight decay.
   # "matrices": AdamW decays kernels and embeddings, not biases nor LayerNorm
   # scales (BERT's rule); "all": every parameter (the MAE-LM release's fairseq).

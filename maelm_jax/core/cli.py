@@ -147,6 +147,28 @@ def _define_verbose() -> None:
                       "maelm_jax reports in a line (bad config, input or workdir).")
 
 
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+CONFIG_DOCS = "docs/configuration.md"
+
+
+def help_text(main: Callable, doc: str | None, full: bool = False) -> str:
+  """What `--help` prints: the command's own description (`doc`, else its
+  module's docstring), its flags, and where the `--config.*` keys are described.
+  (absl's --help prints the console script's empty docstring and exits 1.)"""
+  import inspect  # pylint: disable=import-outside-toplevel
+  text = inspect.cleandoc(doc or sys.modules[main.__module__].__doc__ or "")
+  own = flags.FLAGS.get_help() if full else "\n".join(
+      line for line in flags.FLAGS.module_help(sys.argv[0]).splitlines()
+      if line.strip() and line.strip() != f"{sys.argv[0]}:")  # No module line.
+  lines = [text, "", "flags:", own.rstrip()]
+  if "config" in flags.FLAGS:
+    lines += ["", "  --config.KEY=VALUE: any key of the config; every key, its default "
+              f"and what it does: {CONFIG_DOCS}"]
+  if not full:
+    lines.append("  --helpfull: every flag, the libraries' included")
+  return "\n".join(lines) + "\n"
+
+
 def command(main: Callable, define_flags: Callable[[], None] | None = None,
             **options) -> Callable[[], None]:
   """The command as a function of no arguments (`run` with these arguments):
@@ -155,10 +177,10 @@ def command(main: Callable, define_flags: Callable[[], None] | None = None,
 
 
 def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
-        positional: str = "", stopped: str = "") -> None:
+        positional: str = "", stopped: str = "", doc: str | None = None) -> None:
   """Defines the command's flags and `--verbose`, parses the command line and
   runs `main()` (`main(args)` with `positional`, its name in the usage error),
-  exiting with what it returns."""
+  exiting with what it returns. `--help` prints `help_text` and exits 0."""
   if define_flags is not None:
     define_flags()
   _define_verbose()
@@ -167,6 +189,10 @@ def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
   for module in (main.__module__, __name__):
     for flag in flags.FLAGS.flags_by_module_dict().get(module, []):
       flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  asked = [arg.split("=")[0] for arg in sys.argv[1:]]
+  if any(arg in HELP_FLAGS for arg in asked):
+    sys.stdout.write(help_text(main, doc, full="--helpfull" in asked))
+    sys.exit(0)
 
   def entry(argv):
     if len(argv) > 1 and not positional:

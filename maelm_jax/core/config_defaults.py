@@ -50,6 +50,7 @@ ADDED_KEYS = {
     "model.normformer": False,
     "layer_decay": 1.0,  # Fine-tuning's layer-wise learning-rate decay: off.
     "relative_updates": False,  # Fine-tuning's LAMB-style relative updates: off.
+    "lr_schedule_segments": (),  # The schedule as planned (train_lib.continued_schedule).
 }
 
 

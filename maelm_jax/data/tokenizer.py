@@ -150,6 +150,35 @@ class Tokenizer(_ProjectIds):
     """Token ids of one text (the per-document fast path of the pipeline)."""
     return self._sp.encode(text, out_type=int)
 
+  def encode_with_masks(self, text: str) -> list[int]:
+    """Token ids of `text` where each "[MASK]" typed in it is the mask token, as a
+    fill-mask user means it (`encode` keeps it as text, so that a corpus cannot
+    smuggle masks in). The text around each mask is encoded as SentencePiece
+    encodes it in place: the first part as a text; a later part as a new word
+    when a space starts it, else as the rest of a word (no "▁": "of [MASK]." is
+    ▁of [MASK] .). The export's tokenizer gives the same ids
+    (interop/export_hf.fast_tokenizer)."""
+    ids: list[int] = []
+    for i, part in enumerate(text.split(SPECIAL_TOKENS[MASK_ID])):
+      if i:
+        ids.append(MASK_ID)
+      if not part.strip():
+        continue
+      if i == 0 or part[0].isspace():
+        ids += self._sp.encode(part, out_type=int)
+      else:
+        ids += self._word_rest().encode(part, out_type=int)
+    return ids
+
+  def _word_rest(self) -> spm.SentencePieceProcessor:
+    """This model without its word-start prefix (the text after a [MASK])."""
+    if getattr(self, "_sp_word_rest", None) is None:
+      proto = sentencepiece_model_pb2.ModelProto.FromString(self._model_proto)
+      proto.normalizer_spec.add_dummy_prefix = False
+      self._sp_word_rest = spm.SentencePieceProcessor(
+          model_proto=proto.SerializeToString())
+    return self._sp_word_rest
+
   def decode(self, ids: Iterable[int] | np.ndarray) -> str:
     """Text of `ids`; [PAD] [CLS] [SEP] [MASK] are dropped, [UNK] shows as ⁇."""
     # SentencePiece already renders control pieces as ""; the explicit filter

@@ -15,8 +15,8 @@ What is written (the decoder of MAE-LM / 3ML is never exported; it is a
 pretraining device, dropped for fine-tuning as in the papers):
 
   config.json, model.safetensors   the encoder (token and position embeddings,
-                                   layers); with --with_lm_head (MLM runs only)
-                                   also the MLM head
+                                   layers); with --with_lm_head (a pretraining of
+                                   any objective) also the masked-LM head
   tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model
                                    the run's SentencePiece model as a fast
                                    tokenizer: the project's ids (but for ties
@@ -366,12 +366,19 @@ def fast_tokenizer(sp_model_path: str):
   else:
     model = Unigram(vocab, unk_id=tokenizer_lib.UNK_ID, byte_fallback=False)
   tok = Tokenizer(model)
+  # transformers splits the text at "[MASK]" (an added special token) first;
+  # each part is then normalised and pre-tokenised on its own. So the leading
+  # space of a part is kept (the part after "[MASK]" in "[MASK] sat" is the word
+  # "▁sat"; after "[MASK]." it is "." with no word start), and the word-start
+  # "▁" is prepended to the text's first part only ("first"): the ids of
+  # `Tokenizer.encode_with_masks`. With no "[MASK]", the same as SentencePiece.
   steps = [normalizers.Precompiled(charsmap)]
   if proto.normalizer_spec.remove_extra_whitespaces:
-    steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip()]
+    steps += [normalizers.Replace(Regex(" {2,}"), " "),
+              normalizers.Strip(left=False, right=True)]
   tok.normalizer = normalizers.Sequence(steps + [
       normalizers.Replace(_BRACKET, _RENAMED_BRACKET)])
-  prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+  prepend = "first" if proto.normalizer_spec.add_dummy_prefix else "never"
   # split=True: a word per whitespace, as SentencePiece (split_by_whitespace)
   # never lets a piece cross one, so the ids are the same and `word_ids()` names
   # words, not the whole text (word-level tools, e.g. minicons' PLL-word-l2r,
@@ -692,10 +699,12 @@ def export(workdir: str, out: str, *, step: int | None = None,
 
 
 def _define_flags() -> None:
-  flags.DEFINE_string("workdir", None, "A pretraining workdir")
+  flags.DEFINE_string("workdir", None, "A pretraining or fine-tuning workdir (a "
+                      "fine-tuned one exports its task head too)")
   flags.DEFINE_string("out", None, "A new directory for the export")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest)")
-  flags.DEFINE_bool("with_lm_head", False, "Also export the MLM head (MLM runs)")
+  flags.DEFINE_bool("with_lm_head", False, "Also export the masked-LM head (a "
+                    "pretraining of any objective), for pipeline('fill-mask')")
   flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out")
   flags.mark_flags_as_required(["workdir", "out"])
 

@@ -337,7 +337,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 # Keys that may change when resuming a workdir: run length, cadence, hardware.
 RESUMABLE_CHANGES = frozenset({
-    "total_steps", "total_flops", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+    "total_steps", "total_flops", "lr_schedule_segments", "log_every", "eval_every", "eval_batches", "checkpoint_every",
     "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
     "peak_flops_per_device", "nonfinite_policy", "allow_config_change",

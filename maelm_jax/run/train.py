@@ -246,8 +246,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         print("\n".join(lines), flush=True)
       return {"dry_run": True}
     run_session.claim(config, workdir, "pretrain")
-    if config.init_from and checkpoints.latest_step(workdir) is None:
+    resume_step = checkpoints.latest_step(workdir)
+    if config.init_from and resume_step is None:
       check_init_from(config.init_from)  # Before the corpus is read.
+    # Another total_steps than the saved run's: the schedule goes on from where
+    # it got to, said in one line (train_lib.continued_schedule).
+    with config.unlocked():
+      config, continued = train_lib.continued_schedule(
+          config, workdir_lib.read_config(workdir), resume_step)
+    if continued and jax.process_index() == 0:
+      logging.warning("%s", continued)
     with run_session.hold(workdir):  # One live run per workdir.
       return _train_and_evaluate(config, workdir)
 

@@ -40,13 +40,55 @@ def learning_rate_schedule(config) -> optax.Schedule:
 
   A run shorter than its warm-up (a quick try with total_steps=20) warms up over
   all of its steps.
+
+  A run resumed with another total_steps keeps the schedule it trained with up
+  to the step it resumed from, then goes linearly from the rate there to the
+  end rate at the new total_steps (`lr_schedule_segments`, written by
+  `continued_schedule`): the rate never jumps back up.
   """
   peak = config.learning_rate
-  warmup_steps = min(config.warmup_steps, config.total_steps)
+  end = peak * config.end_learning_rate_ratio
+  segments = [tuple(s) for s in defaults.get(config, "lr_schedule_segments")]
+  first_total = segments[0][1] if segments else config.total_steps
+  warmup_steps = min(config.warmup_steps, first_total)
   warmup = optax.linear_schedule(0.0, peak, max(warmup_steps, 1))
-  decay = optax.linear_schedule(peak, peak * config.end_learning_rate_ratio,
-                                max(config.total_steps - warmup_steps, 1))
-  return optax.join_schedules([warmup, decay], [warmup_steps])
+  decay = optax.linear_schedule(peak, end, max(first_total - warmup_steps, 1))
+  schedule = optax.join_schedules([warmup, decay], [warmup_steps])
+  for start, total in segments[1:]:
+    # Optax counts the updates done: the update of step start + 1 is count start.
+    rate = float(schedule(start))
+    schedule = optax.join_schedules(
+        [schedule, optax.linear_schedule(rate, end, max(total - start, 1))], [start])
+  return schedule
+
+
+def continued_schedule(config, saved: dict | None, resume_step: int | None):
+  """The schedule of a run resumed at `resume_step` whose saved config.json
+  (`saved`) had another total_steps: (config with `lr_schedule_segments`
+  extended, the one line that says so), or (config, None) when nothing changes.
+
+  The saved segments are kept (a run continued twice goes on from where its
+  last schedule had got to); `[resume_step, total_steps]` is added."""
+  if not saved or resume_step is None:
+    return config, None
+  segments = tuple(tuple(s) for s in saved.get("lr_schedule_segments") or ())
+  saved_total = segments[-1][1] if segments else saved["total_steps"]
+  config.lr_schedule_segments = segments
+  if config.total_steps == saved_total or resume_step >= config.total_steps:
+    return config, None
+  config.lr_schedule_segments = segments or ((0, saved_total),)  # As it trained.
+  rate = float(learning_rate_schedule(config)(resume_step))
+  config.lr_schedule_segments += ((resume_step, config.total_steps),)
+  peak = config.learning_rate
+  line = (f"total_steps {saved_total} -> {config.total_steps}: the learning rate keeps "
+          f"its schedule up to step {resume_step}, then goes linearly from "
+          f"{rate:.3g} to {peak * config.end_learning_rate_ratio:.3g} at step "
+          f"{config.total_steps} (no new warm-up; docs/long-runs-and-faults.md)")
+  if rate < 0.1 * peak:
+    line += (f". That is under a tenth of the peak {peak:g}: to train on at a useful "
+             "rate, start a new run from this one with --config.init_from=<this "
+             "workdir> and a new --workdir")
+  return config, line
 
 
 WEIGHT_DECAY_RULES = ("matrices", "all")
