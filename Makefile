@@ -1,13 +1,14 @@
 # Two commands on a fresh machine:
 #   make demo   # venv + install + pretrain a tiny MAE-LM on CPython's bundled docs
 #   make test   # venv + install with test extras + the test suite
+#   make test-quick   # the tests not marked slow: minutes, for every edit
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= workdirs/demo
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-test bench clean
+.PHONY: demo test test-quick install install-test bench clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +37,14 @@ install-test: $(VENV)/.installed-test $(TRANSFORMERS5)/.installed
 demo: install
 	$(PY) -m maelm_jax.main --config=configs/demo.py --workdir=$(WORKDIR)
 
+# Two workers; tests of a file run on one worker (--dist loadfile), so a module's
+# fixtures (a trained run, an export) are built once, not once per worker.
+PYTEST := MAELM_TRANSFORMERS5_PYTHON=$(abspath $(TRANSFORMERS5))/bin/python $(PY) -m pytest -n 2 --dist loadfile -q --durations=15
 test: install-test
-	MAELM_TRANSFORMERS5_PYTHON=$(abspath $(TRANSFORMERS5))/bin/python $(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-quick: install-test
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/train_throughput.py

@@ -12,7 +12,7 @@ setup(
     license="Apache-2.0",
     description="TPU-first JAX/Flax pretraining of masked-language-model encoders (MAE-LM, 3ML, MLM).",
     packages=find_packages(include=["maelm_jax", "maelm_jax.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     # The commands, from any directory (configs/ ships inside the package).
     entry_points={"console_scripts": [
         "maelm-pretrain = maelm_jax.main:console",

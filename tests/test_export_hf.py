@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
+from maelm_jax.run import checkpoints, pretrained as pretrained_lib  # noqa: E402
 from maelm_jax.interop import export_hf  # noqa: E402
 from maelm_jax.modeling import model as model_lib  # noqa: E402
 from maelm_jax.data import sources  # noqa: E402
@@ -170,6 +170,9 @@ def test_custom_export_matches_jax_and_tokenizes_like_the_project(mlm_export):
   assert model.config.ln_type == "pre" and model.config.relative_position_bias
   card = (out / "README.md").read_text()
   assert "objective | mlm" in card and "steps | 2 of 2" in card
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  exported = sum(v.size for v in load_file(str(out / "model.safetensors")).values())
+  assert f"{exported:,} parameters exported" in card  # The LM head's included.
   assert "transformers 4.57 and 5.x" in card
 
   # Encoder only: no head weights, and the same hidden states.
@@ -394,7 +397,8 @@ def test_a_finetuned_classifier_exports_to_sequence_classification(finetuned_exp
       out, trust_remote_code=remote).eval()
   assert type(model).__name__ == ("MaelmForSequenceClassification" if remote
                                   else "RobertaForSequenceClassification")
-  assert model.config.id2label == {0: "0", 1: "1"}
+  # The first-day report: {"0": "0", "1": "1"}, so the pipeline answered '1'.
+  assert model.config.id2label == {0: "negative", 1: "positive"}
   ids = torch.tensor(rows.astype(np.int64))
   with torch.no_grad():
     logits = model(input_ids=ids, attention_mask=(ids != 0).long()).logits.numpy()
@@ -410,9 +414,19 @@ def test_a_finetuned_classifier_exports_to_sequence_classification(finetuned_exp
   classify = transformers.pipeline("text-classification", model=str(out),
                                    tokenizer=str(out), trust_remote_code=remote)
   sentence = examples[0].texts[0]
-  assert classify(sentence)[0]["label"] == str(int(jax_logits[0].argmax()))
+  assert classify(sentence)[0]["label"] == ("negative", "positive")[
+      int(jax_logits[0].argmax())]
   card = (out / "README.md").read_text()
   assert "license: apache-2.0" in card and "GLUE sst2" in card and "accuracy" in card
+  # The card's figures are the export's: its parameters (the classifier's
+  # included) and the fine-tuning's own steps and batch beside pretraining's.
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  exported = sum(v.size for v in load_file(str(out / "model.safetensors")).values())
+  assert f"{exported:,} parameters exported" in card, card
+  run = json.loads((workdir / "config.json").read_text())
+  assert (f"fine-tuning steps | {checkpoints.latest_step(str(workdir))}, batch "
+          f"{run['batch_size']} x {run['max_seq_len']} tokens") in card, card
+  assert "pretraining steps | " in card
 
 
 def test_a_finetuned_classifier_export_loads_in_transformers5(finetuned_exports,
@@ -427,7 +441,8 @@ def test_a_finetuned_classifier_export_loads_in_transformers5(finetuned_exports,
       "model_class": "MaelmForSequenceClassification",
       "input_ids": rows.tolist(), "logits": jax_logits.tolist(),
       "predictions": jax_logits.argmax(-1).tolist(),
-      "sentence": examples[0].texts[0], "label": str(int(jax_logits[0].argmax()))}))
+      "sentence": examples[0].texts[0],
+      "label": ("negative", "positive")[int(jax_logits[0].argmax())]}))
   done = run_transformers5_check(python, out, tmp_path)
   assert json.loads(done.stdout.strip().splitlines()[-1])["hidden_err"] < 1e-4
 

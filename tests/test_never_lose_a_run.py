@@ -499,3 +499,39 @@ def test_a_refused_resume_closes_the_checkpoint_manager(trained, tmp_path, monke
     train.train_and_evaluate(config, str(workdir))
   assert len(opened) == 1 and opened[0].closes == 1
   assert snapshot(workdir) == before
+
+
+def test_a_failed_start_leaves_no_directory_it_made(tmp_path):
+  """The first-day report: a wrong data glob, a wrong init_from and a wrong GLUE
+  directory each left an empty workdir behind. Now the folders a failed start
+  made are gone, and a folder that existed before stays, with what it held."""
+  import sys as sys_lib
+  sys_lib.path.insert(0, str(pathlib.Path(REPO) / "configs"))
+  import glue  # pylint: disable=import-outside-toplevel
+  from maelm_jax.finetune import run as finetune_run  # pylint: disable=import-outside-toplevel
+  from maelm_jax.run import train  # pylint: disable=import-outside-toplevel
+  from tests.helpers import tiny_config  # pylint: disable=import-outside-toplevel
+  bad_data = tiny_config(**{"data.source": f"text:{tmp_path}/no_such/*.txt"})
+  new = tmp_path / "runs" / "first"
+  with pytest.raises(Exception, match="no_such"):
+    train.train_and_evaluate(bad_data, str(new))
+  assert not (tmp_path / "runs").exists()
+
+  bad_init = tiny_config(init_from=str(tmp_path / "no_such_run"))
+  with pytest.raises(Exception, match="no_such_run"):
+    train.train_and_evaluate(bad_init, str(new))
+  assert not (tmp_path / "runs").exists()
+
+  sst2 = glue.get_config("task=sst2")
+  sst2.init_from = str(tmp_path / "no_such_run")
+  sst2.data.dir = str(tmp_path / "no_such_glue")
+  with pytest.raises(Exception, match="no_such"):
+    finetune_run.run(sst2, str(tmp_path / "sst2"))
+  assert not (tmp_path / "sst2").exists()
+
+  existing = tmp_path / "mine"
+  existing.mkdir()
+  (existing / "notes.txt").write_text("mine")
+  with pytest.raises(Exception, match="no_such"):
+    train.train_and_evaluate(bad_data, str(existing))
+  assert sorted(os.listdir(existing)) == ["notes.txt"]

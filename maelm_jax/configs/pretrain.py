@@ -55,6 +55,9 @@ def get_config(arg=None):
   # total), (resumed at, new total), ...); the rate goes on linearly from where
   # it got to (train_lib.continued_schedule). Empty: one warm-up and decay.
   config.lr_schedule_segments = ()
+  # JAX's persistent compilation cache: "auto" ($JAX_COMPILATION_CACHE_DIR, else
+  # ~/.cache/maelm_jax/jax), a directory, or "" (off). A restart skips compiling.
+  config.compilation_cache_dir = "auto"
   config.weight_decay = 0.01  # AdamW's decoupled weight decay.
   # "matrices": AdamW decays kernels and embeddings, not biases nor LayerNorm
   # scales (BERT's rule); "all": every parameter (the MAE-LM release's fairseq).

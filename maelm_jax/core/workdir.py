@@ -22,6 +22,7 @@ hostnames, so "the holder's pid is gone on this host" cannot tell a stale lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -354,6 +355,29 @@ class Lease:
 
   def __exit__(self, *exc):
     self.release()
+
+
+@contextlib.contextmanager
+def removed_if_start_fails(workdir: str):
+  """A start that fails (bad data, a wrong init_from, a refused config, Ctrl-C)
+  leaves no directory it made: on the way out of an error, the folders of
+  `workdir`'s path that did not exist before are removed if they are empty. A
+  folder with anything in it, and every folder that existed, stay as they were."""
+  made = []
+  if not storage.is_remote(workdir):
+    path = os.path.abspath(workdir)
+    while path and not os.path.exists(path):
+      made.append(path)
+      path = os.path.dirname(path)
+  try:
+    yield
+  except BaseException:
+    for path in made:  # Deepest first.
+      try:
+        os.rmdir(path)
+      except OSError:
+        break
+    raise
 
 
 def create(workdir: str) -> None:

@@ -38,3 +38,6 @@ def add_common_keys(config) -> None:
   # runs at each task's selected learning rate. start_over: see configs/pretrain.py.
   config.keep_final_checkpoint = True
   config.start_over = False  # True: train from step 1 if no checkpoint reads.
+  # JAX's persistent compilation cache: "auto" ($JAX_COMPILATION_CACHE_DIR, else
+  # ~/.cache/maelm_jax/jax), a directory, or "" (off). A restart skips compiling.
+  config.compilation_cache_dir = "auto"

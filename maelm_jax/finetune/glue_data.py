@@ -95,6 +95,20 @@ _MNLI_EVAL_SPLITS = (
     EvalSplit("mnli_mm", "dev_mismatched.tsv", "validation_mismatched",
               "test_mismatched.tsv", "test_mismatched", "MNLI-mm.tsv"),
 )
+# What each class means, where the files spell classes as 0/1 (the others' label
+# strings are already words): the names an export's id2label gives, so that
+# pipeline("text-classification") answers 'positive', not '1'.
+LABEL_NAMES = {"sst2": ("negative", "positive"), "cola": ("unacceptable", "acceptable"),
+               "mrpc": ("not_equivalent", "equivalent"),
+               "qqp": ("not_duplicate", "duplicate"),
+               "wnli": ("not_entailment", "entailment")}
+
+
+def label_names(task: "GlueTask") -> tuple[str, ...]:
+  """The names of `task`'s classes, by class id."""
+  return LABEL_NAMES.get(task.name, task.labels)
+
+
 _PAIR = ("sentence1", "sentence2")
 _NLI_LABELS = ("entailment", "not_entailment")
 

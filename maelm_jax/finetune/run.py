@@ -49,8 +49,8 @@ import orbax.checkpoint as ocp
 from maelm_jax.core import config_defaults as defaults
 from maelm_jax.core import progress as progress_lib, sharding, storage, workdir as workdir_lib
 from maelm_jax.modeling import attention
-from maelm_jax.run import (checkpoints, config_lib, metric_writers, plots, run_session,
-                           train_lib)
+from maelm_jax.run import (checkpoints, compilation_cache, config_lib, metric_writers,
+                           plots, run_session, train_lib)
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.finetune import heads
 from maelm_jax.finetune.tasks import GlueProblem, SquadProblem
@@ -263,7 +263,7 @@ def make_steps(problem, model_cfg, tx, mesh, state_shardings):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
   def predict_step(params, input_ids):
     return eval_model.apply({"params": params}, input_ids)
@@ -312,8 +312,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                      "'squad' (configs/glue.py, configs/squad.py)")
   validate(config)
   # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
-  with storage.mirrored(workdir) as workdir:
+  with workdir_lib.removed_if_start_fails(workdir), storage.mirrored(workdir) as workdir:
     run_session.claim(config, workdir, config.mode)
+    compilation_cache.configure(config)
     mesh = sharding.make_mesh(config.mesh_shape)
     check_fits_mesh(config, mesh)
     check_pretrained(config)

@@ -229,15 +229,16 @@ def roberta_tensors(params, model_cfg, with_lm_head: bool, head=None) -> dict:
 
 
 def classifier_config(task, pooling: str) -> dict:
-  """transformers' keys for a GLUE task's head: labels (the task's own label
-  strings), regression for STS-B, and maelm's pooling."""
+  """transformers' keys for a GLUE task's head: labels (the names of its
+  classes, glue_data.label_names), regression for STS-B, and maelm's pooling."""
+  from maelm_jax.finetune import glue_data  # pylint: disable=g-import-not-at-top
   if task.is_regression:
     return dict(head="classifier", num_labels=1, problem_type="regression",
                 pooling=pooling)
   return dict(head="classifier", num_labels=len(task.labels),
               problem_type="single_label_classification",
-              id2label=dict(enumerate(task.labels)),
-              label2id={label: i for i, label in enumerate(task.labels)},
+              id2label=dict(enumerate(glue_data.label_names(task))),
+              label2id={label: i for i, label in enumerate(glue_data.label_names(task))},
               pooling=pooling)
 
 
@@ -527,15 +528,28 @@ def _finetuned(workdir: str, run_config: dict) -> str:
 
 
 def model_card(kind: str, pretrained, workdir: str, with_lm_head: bool,
-               run_config: dict | None = None) -> str:
+               run_config: dict | None = None, num_exported: int | None = None) -> str:
+  """The export's README.md. `num_exported`: the parameters in model.safetensors
+  (head included); a fine-tuned run's card gives its own steps and batch beside
+  the pretraining's."""
   from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
   cfg, config = pretrained.model_cfg, pretrained.config
   run_config = run_config or {}
   mode = run_config.get("mode", "pretrain")
   finetuned = mode != "pretrain"
   pretraining_workdir = run_config["init_from"] if finetuned else workdir
-  num_params = sum(v.size for v in _flatten("", model_params(pretrained.params),
-                                            {}).values())
+  num_params = num_exported if num_exported is not None else sum(
+      v.size for v in _flatten("", model_params(pretrained.params), {}).values())
+  if finetuned:
+    pretrained_step = (workdir_lib.evaluations(pretraining_workdir) or [{}])[-1].get(
+        "step", "?")
+    steps = (f"| pretraining steps | {pretrained_step} of {config.total_steps}, batch "
+             f"{config.batch_size} x {config.seq_len} tokens |\n| fine-tuning steps | "
+             f"{pretrained.step}, batch {run_config.get('batch_size', '?')} x "
+             f"{run_config.get('max_seq_len', '?')} tokens |")
+  else:
+    steps = (f"| steps | {pretrained.step} of {config.total_steps}, batch "
+             f"{config.batch_size} x {config.seq_len} tokens |")
   ev = (workdir_lib.evaluations(pretraining_workdir) or [{}])[-1]
   score = (f"{100 * ev['eval/mask_accuracy']:.1f}% top-1 on held-out [MASK]ed "
            f"positions at step {ev['step']} (always the most frequent piece: "
@@ -575,7 +589,7 @@ Pretrained with maelm-jax (JAX/Flax) and exported by
 | layers | {cfg.ln_type}-LN{" with NormFormer's extra LayerNorms" if cfg.normformer else ""}, {"GEGLU" if cfg.mlp_activation == "geglu" else "GELU"} FFN, {"relative position bias + " if cfg.relative_position_bias else ""}absolute positions (up to {cfg.max_positions}) |
 | tokenizer | {"SentencePiece" if pretrained.tokenizer.path.endswith(".model") else "Hugging Face"} {pretrained.tokenizer.model_type}, {cfg.vocab_size} pieces |
 | data | {_corpus(pretraining_workdir, config.data.source)} |
-| steps | {pretrained.step} of {config.total_steps}, batch {config.batch_size} x {config.seq_len} tokens |
+{steps}
 | held-out | {score} |
 | head | {"the fine-tuned span head" if mode == "squad" else "the fine-tuned classifier" if finetuned else "the MLM head (fill-mask)" if with_lm_head else "none: the encoder only"} |
 {_finetuned(workdir, run_config) if finetuned else ""}| license | Apache-2.0, as maelm-jax; the pretraining data's own terms apply to what was learned from it |
@@ -674,7 +688,8 @@ def export(workdir: str, out: str, *, step: int | None = None,
              **reference_outputs(cfg, pretrained.params, pretrained.tokenizer, head,
                                  finetuned))
     with open(os.path.join(tmp, "README.md"), "w") as f:
-      f.write(model_card(kind, pretrained, workdir, with_lm_head, run_config))
+      f.write(model_card(kind, pretrained, workdir, with_lm_head, run_config,
+                         num_exported=sum(int(v.size) for v in tensors.values())))
     with open(os.path.join(tmp, MARKER), "w") as f:
       json.dump({"workdir": workdir, "step": pretrained.step, "kind": kind,
                  "with_lm_head": with_lm_head, "mode": mode,

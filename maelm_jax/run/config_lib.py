@@ -337,7 +337,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 # Keys that may change when resuming a workdir: run length, cadence, hardware.
 RESUMABLE_CHANGES = frozenset({
-    "total_steps", "total_flops", "lr_schedule_segments", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+    "total_steps", "total_flops", "lr_schedule_segments", "compilation_cache_dir",
+    "log_every", "eval_every", "eval_batches", "checkpoint_every",
     "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
     "peak_flops_per_device", "nonfinite_policy", "allow_config_change",
@@ -372,6 +373,7 @@ def with_added_keys(saved: dict, current: dict) -> dict:
 # A fine-tuning run is fixed by everything, init_from included; only where it
 # runs may change.
 FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
+                                        "compilation_cache_dir",
                                         "start_over", "keep_final_checkpoint",
                                         "log_every", "attention_impl"})
 

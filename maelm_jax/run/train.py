@@ -27,9 +27,9 @@ from maelm_jax.core import config_defaults as defaults
 from maelm_jax.core import progress as progress_lib, sharding, storage, workdir as workdir_lib
 from maelm_jax.data import corpus_report, pipeline, sources
 from maelm_jax.modeling import flops, model as model_lib
-from maelm_jax.run import (baselines, checkpoints, config_lib, metric_writers, plots,
-                           pretrained as pretrained_lib, run_session, run_tokenizer,
-                           train_lib)
+from maelm_jax.run import (baselines, checkpoints, compilation_cache, config_lib,
+                           metric_writers, plots, pretrained as pretrained_lib,
+                           run_session, run_tokenizer, train_lib)
 
 
 # --------------------------------------------------------------------------
@@ -239,13 +239,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config = config_lib.resolve(config)
   config_lib.validate(config)
   # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
-  with storage.mirrored(workdir) as workdir:
+  with workdir_lib.removed_if_start_fails(workdir), storage.mirrored(workdir) as workdir:
     if defaults.get(config, "dry_run"):
       lines = describe_launch(config, workdir)
       if jax.process_index() == 0:
         print("\n".join(lines), flush=True)
       return {"dry_run": True}
     run_session.claim(config, workdir, "pretrain")
+    compilation_cache.configure(config)
     resume_step = checkpoints.latest_step(workdir)
     if config.init_from and resume_step is None:
       check_init_from(config.init_from)  # Before the corpus is read.

@@ -373,7 +373,7 @@ def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: 
           (jnp.arange(grad_accum_steps), micro))
 
     loss = loss_sum / total_weight
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     # A non-finite loss or gradient never reaches the parameters or the Adam
