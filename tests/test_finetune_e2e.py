@@ -140,6 +140,10 @@ def test_glue_cli_learns_sst2_format_and_writes_every_output(tmp_path, pretraine
   assert results["best"]["accuracy"] == max(h["accuracy"] for h in results["history"])
   # The label is one word among six fillers: chance is 0.5. Measured: 1.0.
   assert results["best"]["accuracy"] >= 0.9
+  # Beside the score, always answering dev's majority class (labels alternate).
+  assert results["majority_accuracy"] == 0.5 and results["classes_predicted"] == 2
+  assert "always the majority class: accuracy 0.5000" in out.stdout
+  assert "WARNING" not in out.stdout
 
   # One prediction per dev example (40 = 2 full eval batches + a padded one).
   dev_labels = [label for _, label in sentiment_rows(40, 1)]

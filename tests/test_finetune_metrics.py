@@ -117,3 +117,29 @@ def test_metrics_equal_sklearn_and_scipy(seed):
                                                          abs=1e-12)
   assert metrics.spearman_corrcoef(x, y) == pytest.approx(stats.spearmanr(x, y)[0],
                                                           abs=1e-12)
+
+
+def test_a_collapsed_classifier_is_named_in_its_summary():
+  """The first-day report: SST-2 at 0.5092, every one of 872 predictions class 1,
+  the share of class 1 in dev, and the summary said nothing."""
+  from maelm_jax.finetune import run as finetune_run, tasks  # pylint: disable=import-outside-toplevel
+  collapsed = {"accuracy": 0.5092, "majority_accuracy": 0.5092,
+               "classes_predicted": 1.0}
+  results = {"task": "sst2", "step": 125, "main_metric": "accuracy",
+             "best": {"step": 125, "epoch": 1, "accuracy": 0.5092}, **collapsed}
+  text = finetune_run.summary("/tmp/sst2", results, num_dev=872)
+  assert "always the majority class: accuracy 0.5092" in text
+  assert "every dev prediction is one class" in text and "--config.pooling=mean" in text
+  # Two classes, but within noise of the majority (2 standard errors: 0.034).
+  near = {"accuracy": 0.53, "majority_accuracy": 0.5092, "classes_predicted": 2.0}
+  assert "within noise" in tasks.collapse_warning(near, "accuracy", 872)
+  learned = {"accuracy": 0.615, "majority_accuracy": 0.5092, "classes_predicted": 2.0}
+  assert tasks.collapse_warning(learned, "accuracy", 872) is None
+  # MNLI's prefixed splits; CoLA's Matthews correlation (majority: 0).
+  mnli = {"mnli_m/accuracy": 0.36, "mnli_m/majority_accuracy": 0.354,
+          "mnli_m/classes_predicted": 3.0}
+  assert "within noise" in tasks.collapse_warning(mnli, "mnli_m/accuracy", 9815)
+  cola = {"matthews_corr": 0.21, "majority_matthews_corr": 0.0,
+          "majority_accuracy": 0.69, "classes_predicted": 2.0}
+  assert tasks.collapse_warning(cola, "matthews_corr", 1043) is None
+  assert tasks.collapse_warning({"spearman": 0.1}, "spearman", 1500) is None

@@ -52,7 +52,7 @@ from maelm_jax.modeling import attention
 from maelm_jax.run import (checkpoints, compilation_cache, config_lib, metric_writers,
                            plots, run_session, train_lib)
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.finetune import heads
+from maelm_jax.finetune import heads, tasks
 from maelm_jax.finetune.tasks import GlueProblem, SquadProblem
 
 RESULTS_FILE = "eval_results.json"
@@ -489,7 +489,8 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       # Only needed to resume, and the run is done: at base size a fine-tune's
       # params + Adam state are ~1.3 GB, times every run of a sweep.
       storage.remove_tree(checkpoints.checkpoint_dir(workdir))
-    print(summary(workdir, results), flush=True)
+    print(summary(workdir, results, len(evaluation.outputs)
+                  if config.mode == "glue" else 0), flush=True)
   return results
 
 
@@ -506,11 +507,20 @@ def _plot(workdir: str, metrics: list[str], task: str) -> None:
     logging.warning("could not draw %s: %s", plots.FINETUNING_FILENAME, error)
 
 
-def summary(workdir: str, results: dict) -> str:
+def summary(workdir: str, results: dict, num_dev: int = 0) -> str:
+  """The closing lines: the last and best main score, beside what always
+  answering the majority class scores, and a warning when the classifier
+  collapsed to one class or is within noise of that (tasks.collapse_warning)."""
   main, best = results["main_metric"], results["best"]
+  prefix, _, name = main.rpartition("/")
+  majority = results.get(f"{prefix + '/' if prefix else ''}{tasks.MAJORITY}{name}")
+  warning = tasks.collapse_warning(results, main, num_dev)
   return "\n".join([
       "", "=" * 72, f"Done: {results['task']}",
       f"  last (step {results['step']}): {main} {results[main]:.4f}",
       f"  best (step {best['step']}, epoch {best['epoch']}): {main} {best[main]:.4f}",
+      *([f"  always the majority class: {main} {majority:.4f}"]
+        if majority is not None else []),
+      *([f"  {warning}"] if warning else []),
       f"  results: {storage.display(os.path.abspath(workdir))}/{RESULTS_FILE}",
       "=" * 72])

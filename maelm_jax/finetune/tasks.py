@@ -107,6 +107,15 @@ class GlueProblem:
       for name, value in metrics_lib.compute(self.task.metrics, predictions,
                                              labels).items():
         results[split.metric_prefix + name] = value
+      if not self.task.is_regression:
+        # Beside every score, what always answering dev's most frequent class
+        # scores, and how many classes the model answers at all (1: collapsed).
+        majority = np.full_like(predictions, np.bincount(labels).argmax())
+        for name, value in metrics_lib.compute(self.task.metrics, majority,
+                                               labels).items():
+          results[f"{split.metric_prefix}{MAJORITY}{name}"] = value
+        results[split.metric_prefix + CLASSES_PREDICTED] = float(
+            len(np.unique(predictions)))
       for example, prediction in zip(examples, predictions):
         record = {"index": example.index, "prediction": prediction.item(),
                   "label": example.label}
@@ -134,6 +143,35 @@ class GlueProblem:
       glue_data.write_submission(os.path.join(directory, file_name), self.task,
                                  [e.index for e in examples], predictions)
     logging.info("test predictions in %s", directory)
+
+
+MAJORITY = "majority_"  # The prefix of the majority-class figures.
+CLASSES_PREDICTED = "classes_predicted"
+
+
+def collapse_warning(results: dict, main_metric: str, num_examples: int) -> str | None:
+  """The line a summary must say when a classifier learned nothing usable: its
+  dev predictions are all one class, or its score is within noise (two standard
+  errors of an accuracy at that level) of always answering the majority class;
+  None otherwise, and for tasks without the figures (regression, SQuAD)."""
+  prefix, _, name = main_metric.rpartition("/")
+  prefix = prefix + "/" if prefix else ""
+  majority = results.get(f"{prefix}{MAJORITY}{name}")
+  classes = results.get(prefix + CLASSES_PREDICTED)
+  if majority is None or classes is None:
+    return None
+  score = results[main_metric]
+  p = min(max(results.get(f"{prefix}{MAJORITY}accuracy", 0.5), 0.05), 0.95)
+  noise = 2 * np.sqrt(p * (1 - p) / max(num_examples, 1))
+  if classes > 1 and score > majority + noise:
+    return None
+  what = ("every dev prediction is one class" if classes <= 1 else
+          f"{name} {score:.4f} is within noise (+-{noise:.3f}) of always answering "
+          f"the majority class ({majority:.4f})")
+  return (f"WARNING: {what}: the classifier learned nothing usable. What usually "
+          "helps a small encoder: --config.pooling=mean, a higher "
+          "--config.learning_rate (3e-4..1e-3 for one of a few M parameters), more "
+          "--config.num_epochs or --config.data.max_train_examples")
 
 
 # ----------------------------------------------------------------- SQuAD --
