@@ -166,3 +166,19 @@ def test_every_console_script_helps_and_exits_0(tmp_path):
   assert helps["maelm-pretrain"].splitlines()[0].startswith("Pretrains")
   assert "A pretraining workdir" not in helps["maelm-export"]
   assert "fine-tuning workdir" in helps["maelm-export"]
+
+
+def test_a_cpu_command_keeps_libtpus_probe_to_itself(tmp_path):
+  """With the [tpu] extra installed (the test venv has it) and no TPU here, every
+  command logged 'Unable to initialize backend tpu' and libtpu's trace."""
+  pytest.importorskip("libtpu")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  done = subprocess.run(
+      [sys.executable, "-m", "maelm_jax.main",
+       "--config=configs/pretrain.py:objective=mlm,size=tiny",
+       f"--workdir={tmp_path / 'run'}", "--config.dry_run=True"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "dry run: nothing trained" in done.stdout
+  for chatter in ("libtpu", "backend 'tpu'", "Source Location Trace"):
+    assert chatter not in done.stderr, done.stderr[-2000:]

@@ -141,6 +141,23 @@ def _quiet_closed_loops_unraisable(hook):
   return quiet
 
 
+def _no_accelerator_probe() -> None:
+  """Where libtpu is installed (the `[tpu]` extra, for the planner) but this
+  machine has no TPU and no CUDA plugin, JAX would try the TPU first and log
+  'Unable to initialize backend tpu' and libtpu's start-up trace on every
+  command: the CPU is said outright instead. JAX_PLATFORMS, when set, wins;
+  a TPU VM (/dev/accel*, /dev/vfio) or a CUDA plugin keeps JAX's own choice."""
+  import glob  # pylint: disable=import-outside-toplevel
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+    return
+  if any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13)):
+    return
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 def _define_verbose() -> None:
   if "verbose" not in flags.FLAGS:
     flags.DEFINE_bool("verbose", False, "Print the full traceback of an error that "
@@ -181,6 +198,7 @@ def run(main: Callable, define_flags: Callable[[], None] | None = None, *,
   """Defines the command's flags and `--verbose`, parses the command line and
   runs `main()` (`main(args)` with `positional`, its name in the usage error),
   exiting with what it returns. `--help` prints `help_text` and exits 0."""
+  _no_accelerator_probe()
   if define_flags is not None:
     define_flags()
   _define_verbose()
