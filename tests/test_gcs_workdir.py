@@ -294,8 +294,30 @@ def test_what_cannot_be_in_a_bucket_is_refused_in_one_line(monkeypatch):
   with pytest.raises(ValueError, match="--out=gs://b/c: this directory is written"):
     compare.compare("configs/pretrain.py", "gs://b/c", {}, glue_dir="")
   monkeypatch.setattr(storage.importlib.util, "find_spec", lambda name: None)
-  with pytest.raises(ValueError, match=r"pip install 'maelm-jax\[gcs\]'"):
+  # The first-day report: 'maelm-jax[gcs]' is not a package pip can find.
+  with pytest.raises(ValueError, match=r"pip install 'gcsfs.* pip install -e '.\[gcs\]'"):
     storage.check(f"{BUCKET}/run")
+
+
+def test_a_bucket_that_cannot_serve_is_said_in_one_line_at_once(emulator, monkeypatch):
+  """The first-day report: an unreachable store waited 51 s, then printed a
+  129-line traceback. Now the start says why in one line, within seconds."""
+  storage.check(f"{BUCKET}/run")  # The emulator's bucket answers.
+  started = time.monotonic()
+  with pytest.raises(ValueError, match=r"gs://no-such-bucket-x: no such bucket"):
+    storage.check("gs://no-such-bucket-x/run")
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
+  with pytest.raises(ValueError, match=r"gs://maelm-test: the store at http://127\.0\.0\.1:\d+ "
+                                       r"cannot be reached \(ConnectionRefusedError"):
+    storage.check(f"{BUCKET}/run")
+  assert time.monotonic() - started < 15
+
+
+def free_port() -> int:
+  import socket  # pylint: disable=import-outside-toplevel
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def test_finetuning_from_and_into_gs(emulator, gs_pretrained, tmp_path):

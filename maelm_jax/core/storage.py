@@ -44,7 +44,8 @@ SCHEME = "gs://"
 # orbax's (read in place), TensorBoard events only ever grow new files.
 NOT_MIRRORED = ("checkpoints", "tensorboard")
 PUSH_EVERY_SECONDS = 30.0
-INSTALL = "pip install 'maelm-jax[gcs]'"
+INSTALL = ("pip install 'gcsfs>=2024.2.0' 'google-cloud-storage>=2.14' (from a "
+           "checkout: pip install -e '.[gcs]')")
 
 
 def is_remote(path) -> bool:
@@ -75,6 +76,33 @@ def check(path: str) -> None:
     raise ValueError(f"{path}: gs:// workdirs need gcsfs and google-cloud-storage: "
                      f"{INSTALL}")
   configure()
+  problem = bucket_problem(path)
+  if problem:
+    raise ValueError(problem)
+
+
+def bucket_problem(url: str, timeout: float = 10.0) -> str | None:
+  """Why the bucket of `url` cannot serve a run, in one line, from one request
+  without retries (gcsfs retries for most of a minute, then raises a traceback);
+  None when it answers. The request carries no credentials, so a bucket that
+  refuses it (401/403) has answered: a run with credentials finds out next."""
+  import urllib.error  # pylint: disable=import-outside-toplevel
+  import urllib.request  # pylint: disable=import-outside-toplevel
+  bucket, _ = bucket_and_name(url)
+  try:
+    urllib.request.urlopen(f"{endpoint()}/storage/v1/b/{bucket}?fields=name",
+                           timeout=timeout).close()
+  except urllib.error.HTTPError as error:
+    if error.code == 404:
+      return (f"{bucket_url(url)}: no such bucket; create it (gcloud storage "
+              "buckets create gs://BUCKET) or fix the name")
+    return None
+  except (OSError, ValueError) as error:
+    reason = getattr(error, "reason", error)
+    return (f"{bucket_url(url)}: the store at {endpoint()} cannot be reached "
+            f"({type(reason).__name__}: {str(reason)[:120]}); check the network and "
+            "DNS, or STORAGE_EMULATOR_HOST if you use an emulator")
+  return None
 
 
 def check_local(path: str, flag: str) -> None:
