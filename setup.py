@@ -71,7 +71,7 @@ setup(
         # import-linter checks the package's layers (.importlinter).
         # scikit-learn: the GLUE metrics' parity test (scipy comes with jax).
         # gcp-storage-emulator: the gs:// tests' GCS, on 127.0.0.1.
-        "test": [TPU, *GCS, "gcp-storage-emulator>=2024.8", "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5",
+        "test": [TPU, *GCS, "gcp-storage-emulator>=2024.8", "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5", "pytest-cov>=5.0",
                  "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  "scikit-learn>=1.4"],
