@@ -81,3 +81,27 @@ def test_a_process_that_planned_for_tpu_still_profiles_its_cpu_steps(tmp_path):
 def test_a_directory_without_a_trace_says_how_to_record_one(tmp_path):
   with pytest.raises(FileNotFoundError, match="jax.profiler.trace"):
     profiling.op_events(str(tmp_path))
+
+
+def test_a_run_records_a_trace_of_the_steps_it_is_asked_for(tmp_path):
+  """--config.profile_steps=A,B: a jax.profiler trace of steps A..B-1 in
+  <workdir>/profile, which the summarizer (and so TensorBoard) reads."""
+  from maelm_jax.run import train  # pylint: disable=import-outside-toplevel
+  from tests.helpers import tiny_config  # pylint: disable=import-outside-toplevel
+  config = tiny_config(profile_steps="2,4", total_steps=4, log_every=1, eval_every=4,
+                       eval_batches=1, **{"tokenizer.vocab_size": 600,
+                                          "data.source": "pydoc:",
+                                          "data.eval_fraction": 0.05})
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  trace = tmp_path / "run" / "profile"
+  assert profiling.xplane_files(str(trace)), list(trace.rglob("*"))
+  events = profiling.op_events(str(trace))
+  assert events and profiling.summarize(events)  # XLA ops of the traced steps.
+
+
+def test_a_bad_profile_steps_is_refused_before_anything_runs():
+  from maelm_jax.run import config_lib  # pylint: disable=import-outside-toplevel
+  from tests.helpers import tiny_config  # pylint: disable=import-outside-toplevel
+  for bad in ("10", "5,5", "0,3", "a,b"):
+    with pytest.raises(ValueError, match="profile_steps=.*1 <= A < B"):
+      config_lib.validate(tiny_config(profile_steps=bad))

@@ -58,6 +58,9 @@ def get_config(arg=None):
   # JAX's persistent compilation cache: "auto" ($JAX_COMPILATION_CACHE_DIR, else
   # ~/.cache/maelm_jax/jax), a directory, or "" (off). A restart skips compiling.
   config.compilation_cache_dir = "auto"
+  # "A,B": a jax.profiler trace of steps A..B-1 into <workdir>/profile, for
+  # TensorBoard's profile plugin, Perfetto or python -m maelm_jax.profiling.
+  config.profile_steps = ""
   config.weight_decay = 0.01  # AdamW's decoupled weight decay.
   # "matrices": AdamW decays kernels and embeddings, not biases nor LayerNorm
   # scales (BERT's rule); "all": every parameter (the MAE-LM release's fairseq).

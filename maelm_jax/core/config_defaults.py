@@ -51,7 +51,8 @@ ADDED_KEYS = {
     "layer_decay": 1.0,  # Fine-tuning's layer-wise learning-rate decay: off.
     "relative_updates": False,  # Fine-tuning's LAMB-style relative updates: off.
     "lr_schedule_segments": (),
-    "compilation_cache_dir": "auto",  # run/compilation_cache.py  # The schedule as planned (train_lib.continued_schedule).
+    "compilation_cache_dir": "auto",  # run/compilation_cache.py
+    "profile_steps": "",  # No trace.  # The schedule as planned (train_lib.continued_schedule).
 }
 
 

@@ -146,6 +146,21 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def profile_steps(config) -> tuple[int, int] | None:
+  """config.profile_steps "A,B" as (A, B): trace steps A..B-1; None for ""."""
+  text = str(defaults.get(config, "profile_steps")).strip()
+  if not text:
+    return None
+  try:
+    first, end = (int(part) for part in text.split(","))
+  except ValueError:
+    first = end = 0
+  if not 1 <= first < end:
+    raise ValueError(f"profile_steps={text!r}: give 'A,B' with 1 <= A < B, the "
+                     "steps A..B-1 traced, e.g. --config.profile_steps=10,13")
+  return first, end
+
+
 def mask_ratios(config: ml_collections.ConfigDict) -> tuple[float, ...]:
   """The mask rate of each stage of a pretraining run, in order.
 
@@ -309,6 +324,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"seq_len={config.seq_len} must be between 8 and model.max_positions="
        f"{m.max_positions}; raise --config.model.max_positions")
   need(config.total_steps >= 1, f"total_steps={config.total_steps} must be >= 1")
+  try:
+    profile_steps(config)
+  except ValueError as error:
+    raise ValueError(str(error)) from None
   need(defaults.get(config, "total_flops") >= 0,
        f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
   need(config.warmup_steps >= 0,
@@ -338,6 +357,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 # Keys that may change when resuming a workdir: run length, cadence, hardware.
 RESUMABLE_CHANGES = frozenset({
     "total_steps", "total_flops", "lr_schedule_segments", "compilation_cache_dir",
+    "profile_steps",
     "log_every", "eval_every", "eval_batches", "checkpoint_every",
     "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",

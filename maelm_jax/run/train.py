@@ -349,6 +349,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     session = run_session.RunSession(workdir, config, manager, restored_step)
 
   # ------------------------------------------------------------- Train loop --
+  tracing = False  # A jax.profiler trace running (config.profile_steps).
   try:
     schedule = train_lib.learning_rate_schedule(config)
     # The mask rate's stages (config_lib.mask_ratios): one for a constant rate.
@@ -361,6 +362,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     start_step = int(jax.device_get(state.step))
     nonfinite_seen = int(jax.device_get(state.nonfinite_count))
     timer_start, timed_steps, last, in_flight = None, 0, {}, None
+    profile = config_lib.profile_steps(config)
+    profile_dir = os.path.join(workdir, "profile")
     if start_step >= config.total_steps:
       # Nothing left to train (the same command run again, or total_steps not
       # raised): say so, and report the run's last logged metrics.
@@ -385,7 +388,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       if timer_start is None:
         logging.info("compiling the train step and running step %d...", step)
         compile_start = time.perf_counter()
+      if profile and step == profile[0]:
+        jax.profiler.start_trace(profile_dir)
+        tracing = True
       state, metrics = train_step(state, batch)
+      if tracing and step == profile[1] - 1:
+        jax.block_until_ready(metrics)
+        jax.profiler.stop_trace()
+        tracing = False
+        logging.info("profile of steps %d..%d: %s (TensorBoard's profile plugin, "
+                     "Perfetto, or python -m maelm_jax.profiling %s)", profile[0],
+                     step, profile_dir, profile_dir)
       # At most two steps in flight: wait for the previous one (the host still
       # prepares the next batch while this one runs). An unbounded queue of
       # dispatched steps deadlocked XLA:CPU's collectives on fake multi-device
@@ -449,5 +462,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       if step % config.checkpoint_every == 0 or is_last:
         checkpoints.save(manager, step, state, train_iter)
   finally:
+    if tracing:  # Stopped or ended inside the traced steps: keep what was traced.
+      jax.profiler.stop_trace()
     session.close()
   return last
