@@ -13,6 +13,10 @@ import pytest
 from maelm_jax.tools import chaos
 from maelm_jax.run import checkpoints
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 PLANS = {
     "pretrain": [("compilation", "SIGKILL"), ("steps", "SIGTERM"),
                  ("checkpoint write", "SIGKILL"), ("pruning", "SIGKILL"),

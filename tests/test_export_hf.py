@@ -27,6 +27,10 @@ from maelm_jax.data import sources  # noqa: E402
 from maelm_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 TRICKY_TEXTS = [
     "Hello world", "  leading,   inner   and trailing spaces  ", "tabs\tand\nnew lines",
     "", "naïve café ﬁ ① Ｆｕｌｌ-width", "a literal [MASK] and [CLS] stay text",

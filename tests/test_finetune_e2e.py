@@ -32,6 +32,10 @@ sys.path.insert(0, str(REPO / "configs"))
 import glue as glue_config  # noqa: E402
 import squad as squad_config  # noqa: E402
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 # ---------------------------------------------------------------- Fixtures --
 
 

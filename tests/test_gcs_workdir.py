@@ -21,6 +21,10 @@ from maelm_jax.core import storage, workdir as workdir_lib
 from maelm_jax.run import checkpoints
 from tests import gcs_emulator
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = f"gs://{gcs_emulator.BUCKET}"
 TOTAL_STEPS = 20

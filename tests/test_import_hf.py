@@ -25,6 +25,10 @@ from maelm_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 from tests.test_export_hf import TRICKY_TEXTS, pydoc_sentences  # noqa: E402
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 TEXTS = [t for t in TRICKY_TEXTS if t] + ["The cat sat on the mat .", "Who? Me!"]
 
 

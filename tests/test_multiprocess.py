@@ -33,6 +33,10 @@ import pytest
 from maelm_jax.run import host_memory
 from maelm_jax.data import prepare_data
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "launch" / "local.sh"
 TIMEOUT_S = 420  # Per launch; a healthy one takes well under a minute.

@@ -20,6 +20,10 @@ from maelm_jax.run.metric_writers import truncate_jsonl
 from tests.test_resume import (REPO, TOTAL_STEPS, command, losses, reference,  # noqa: F401
                                run, steps_logged, tokenizer_file)  # (fixtures)
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 ENV8 = dict(os.environ, JAX_NUM_CPU_DEVICES="8",
             XLA_FLAGS="--xla_force_host_platform_device_count=8")
 

@@ -13,6 +13,10 @@ import subprocess
 
 import pytest
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("transformers")

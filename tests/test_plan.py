@@ -21,6 +21,10 @@ from maelm_jax.finetune import run as finetune_run
 from tests.helpers import tiny_config
 from tests.test_finetune_e2e import glue_test_config, pretrained, write_sst2  # noqa: F401
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LINUX_X86 = platform.system() == "Linux" and platform.machine() == "x86_64"
 # libtpu is in the test extras wherever it is built (Linux x86-64): there a

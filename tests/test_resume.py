@@ -18,6 +18,10 @@ from maelm_jax.modeling import model as model_lib
 from maelm_jax.core import sharding
 from tests.helpers import random_ids, tiny_config
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOTAL_STEPS = 40
 RUN_ARGS = [

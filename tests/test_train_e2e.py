@@ -12,6 +12,10 @@ import pytest
 from maelm_jax.run import train, train_lib
 from tests.helpers import tiny_config
 
+# Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
+# this file out (pytest.ini's `slow`).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
