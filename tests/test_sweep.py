@@ -14,13 +14,13 @@ from tests.helpers import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# A sweep config as a user writes one: the base, the runs, the fine-tuning protocol.
-SWEEP_CONFIG = '''
-import importlib.util
-
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
 # this file out (pytest.ini's `slow`).
 pytestmark = pytest.mark.slow
+
+# A sweep config as a user writes one: the base, the runs, the fine-tuning protocol.
+SWEEP_CONFIG = '''
+import importlib.util
 _spec = importlib.util.spec_from_file_location("p", "REPO/configs/pretrain.py")
 pretrain = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pretrain)

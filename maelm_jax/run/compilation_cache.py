@@ -22,6 +22,7 @@ import os
 
 from absl import logging
 import jax
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from maelm_jax.core import config_defaults as defaults
 
@@ -46,7 +47,7 @@ def configure(config) -> str | None:
   path = directory(defaults.get(config, "compilation_cache_dir"))
   if path is None:
     if jax.config.jax_compilation_cache_dir:
-      jax.config.update("jax_compilation_cache_dir", None)
+      _point_at(None)
     logging.info("compilation cache: off (compilation_cache_dir='')")
     return None
   if not path.startswith("gs://"):
@@ -57,7 +58,16 @@ def configure(config) -> str | None:
                       "--config.compilation_cache_dir to a writable directory",
                       path, error.strerror)
       return None
-  jax.config.update("jax_compilation_cache_dir", path)
+  _point_at(path)
   logging.info("compilation cache: %s (a restart reuses compiled steps; "
                "--config.compilation_cache_dir='' turns it off)", path)
   return path
+
+
+def _point_at(path: str | None) -> None:
+  """JAX opens its cache once, at the process's first compile, and keeps that
+  directory: a run started in a process that has compiled before (a notebook,
+  a second run in one Python) would write to the old one without the reset."""
+  if jax.config.jax_compilation_cache_dir != path:
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax_cache.reset_cache()
