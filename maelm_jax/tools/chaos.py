@@ -14,7 +14,8 @@ fine-tuning of it on a synthetic SST-2-format task), the harness
      middle of a checkpoint write, the deletion of an old checkpoint), until
      --kills signals were delivered; the last life runs to the end. Every life
      deletes old checkpoints slowly (PRUNE_SECONDS, as on a slow disk), so
-     that kills land inside a prune too;
+     that kills land inside a prune too; a life whose signal targets
+     compilation starts with JAX's compilation cache off, so that it compiles;
   3. compares: every array of the final checkpoint (params, optimizer state,
      counters) and the data iterator's state bit for bit with the reference's,
      and metrics.jsonl record by record (each step once, the same values).
@@ -77,6 +78,11 @@ LIFE_TIMEOUT_S = 600
 # How long each life takes to delete an old checkpoint (checkpoints.PRUNE_SECONDS_ENV):
 # a tiny run's step is gone in a millisecond, too quick for a kill to land in.
 PRUNE_SECONDS = 0.6
+# A life whose signal targets compilation, and the reference that times that
+# phase, compile from nothing: with JAX's compilation cache warm (a restarted
+# run reads its steps from it) the phase lasts a fraction of a second, and the
+# signal would land in the steps after it.
+COLD_COMPILE = ["--config.compilation_cache_dir="]
 # Exit statuses a signal explains: killed, stopped by the signal before the
 # run's handlers were in place, or a clean stop after a SIGTERM's save.
 SIGNAL_EXITS = {"SIGKILL": (-signal.SIGKILL,),
@@ -420,7 +426,8 @@ def chaos_run(mode: str, command: list[str], workdir: str, reference: Reference,
     else:
       target = str(rng.choice(targets))
       sig = signal.SIGTERM if rng.random() < SIGTERM_SHARE else signal.SIGKILL
-    life = Life(command, workdir, mode, devices)
+    cold = COLD_COMPILE if target == "compilation" else []
+    life = Life(command + cold, workdir, mode, devices)
     lives.append(life)
     kill = deliver(life, target, sig, reference, rng, checkpoint_every)
     code, orphans = life.finish(LIFE_TIMEOUT_S)
@@ -643,7 +650,8 @@ def chaos(out: str, runs: tuple[str, ...] = ("pretrain", "glue"), kills: int = 1
       write_sentiment_task(out)
     ref_dir, workdir = os.path.join(out, mode, "reference"), os.path.join(out, mode, "chaos")
     say(f"{mode}: the uninterrupted run...")
-    reference = run_reference(commands[mode](ref_dir), ref_dir, mode, devices)
+    reference = run_reference(commands[mode](ref_dir) + COLD_COMPILE, ref_dir, mode,
+                              devices)
     say(f"  {reference.final_step} steps in {reference.wall_seconds:.1f}s; phases "
         + ", ".join(f"{p} {s:.1f}s" for p, s in reference.phase_seconds.items())
         + f"; a step {reference.step_seconds * 1e3:.0f} ms")
