@@ -41,7 +41,6 @@ setup(
         "ml-collections>=1.0.0",
         "absl-py>=2.1.0",
         "numpy>=2.0",  # jax 0.10 needs numpy 2.
-        "tensorboardX>=2.6",
         "matplotlib>=3.8",
         # Prepared corpora (ArrayRecord shards) and parquet / Arrow inputs.
         "array-record>=0.8.1; platform_system == 'Linux'",
@@ -70,10 +69,12 @@ setup(
         # nbclient/ipykernel run notebooks/quickstart.ipynb in a real kernel.
         # import-linter checks the package's layers (.importlinter).
         # scikit-learn: the GLUE metrics' parity test (scipy comes with jax).
+        # tensorboardX: its Event protocol buffers read back the event files
+        # the runs write (run/tensorboard_events.py).
         # gcp-storage-emulator: the gs:// tests' GCS, on 127.0.0.1.
         "test": [TPU, *GCS, "gcp-storage-emulator>=2024.8", "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5", "pytest-cov>=5.0",
                  "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-                 "scikit-learn>=1.4"],
+                 "scikit-learn>=1.4", "tensorboardX>=2.6"],
     },
 )

@@ -38,6 +38,44 @@ def shared_data():
   return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def tokenizer_file(tmp_path_factory):
+  """A 600-piece tokenizer of the `pydoc:` corpus for the runs tests start,
+  trained once for the session (every worker shares it), so no run trains one."""
+  from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from tests.helpers import built_once  # pylint: disable=import-outside-toplevel
+
+  def build(directory):
+    tokenizer_lib.train_tokenizer(
+        pipeline.training_texts(sources.open_source("pydoc:", "train")),
+        str(directory / "sp"), vocab_size=600)
+
+  return str(built_once(tmp_path_factory, "pydoc_tokenizer", build) / "sp.model")
+
+
+# Tests of other files that take more than about 5 s on the 2 cores, from a run of
+# the suite with --durations=0 (benchmarks/RESULTS.md, "Test suite cost"): each
+# line a test function (`file::name`, its parameters included); `make test-quick`
+# leaves them out. The twelve files that start runs as processes are marked
+# slow as a whole (their `pytestmark`).
+SLOW_TESTS = pathlib.Path(__file__).with_name("slow_tests.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config  # (the hook's signature)
+  listed = {line.split("#")[0].strip() for line in SLOW_TESTS.read_text().splitlines()}
+  listed.discard("")
+  root = SLOW_TESTS.parent.parent
+  stale = sorted(n for n in listed if not (root / n.split("::")[0]).is_file() or
+                 f"def {n.split('::')[1]}(" not in (root / n.split("::")[0]).read_text())
+  if stale:
+    raise pytest.UsageError(f"{SLOW_TESTS.name} names tests that no longer exist: "
+                            f"{', '.join(stale)}; remove or rename them there")
+  for item in items:
+    if item.nodeid.split("[")[0] in listed:
+      item.add_marker(pytest.mark.slow)
+
+
 def pytest_unconfigure(config):
   """The controller (not an xdist worker) removes the cache it made."""
   if _OWN_CACHE and not hasattr(config, "workerinput"):

@@ -1,7 +1,10 @@
 """Small builders shared by tests."""
 
-import sys
+import fcntl
+import os
 import pathlib
+import shutil
+import sys
 
 import numpy as np
 
@@ -34,3 +37,22 @@ def random_ids(batch, seq_len, vocab_size, seed=0, num_pad=0):
   ids[:, end] = 3
   ids[:, end + 1:] = 0
   return ids
+
+
+def built_once(tmp_path_factory, name, build):
+  """`tmp/<name>`, built by `build(path)` once per test session and shared by
+  every pytest-xdist worker: the first to ask builds it under a file lock, the
+  others wait for it and reuse it (a session fixture alone is built once per
+  worker). A build that failed is retried by the next to ask."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # The session's directory above the workers' own.
+  path = root / name
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (root / f"{name}.built").exists():
+      shutil.rmtree(path, ignore_errors=True)
+      path.mkdir()
+      build(path)
+      (root / f"{name}.built").touch()
+  return path

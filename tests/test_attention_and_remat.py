@@ -23,12 +23,13 @@ def build(objective, **overrides):
 def loss_fn_and_params(cfg, ids, seed=1, params=None, right_padded=False):
   """The summed masked-LM loss as a function of the params, and fresh params
   (or `params`, when given: no init is run)."""
-  masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids),
-                             cfg.mask_counts(ids.shape[1]), mask_id=4,
-                             vocab_size=VOCAB)
+  counts = cfg.mask_counts(ids.shape[1])  # Jitted, as the init: one compile, not one per op.
+  masks = jax.jit(lambda rng, x: masking.draw_masks(rng, x, counts, mask_id=4,
+                                                    vocab_size=VOCAB))(
+      jax.random.PRNGKey(seed), jnp.asarray(ids))
   model = model_lib.MaskedLM(cfg, right_padded=right_padded)
   if params is None:
-    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), masks)["params"])
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), masks)["params"])
 
   def loss_fn(p):
     logits = model.apply({"params": p}, masks)

@@ -61,16 +61,6 @@ def emulator(tmp_path_factory):
       os.environ[key] = value
 
 
-@pytest.fixture(scope="module")
-def tokenizer_file(tmp_path_factory):
-  from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib
-  directory = tmp_path_factory.mktemp("tokenizer")
-  tokenizer_lib.train_tokenizer(
-      pipeline.training_texts(sources.open_source("pydoc:", "train")),
-      str(directory / "sp"), vocab_size=600)
-  return str(directory / "sp.model")
-
-
 def command(workdir, tokenizer_file, *extra):
   return [sys.executable, "-m", "maelm_jax.main", f"--workdir={workdir}", *RUN_ARGS,
           f"--config.tokenizer.path={tokenizer_file}", *extra]

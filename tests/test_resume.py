@@ -16,7 +16,7 @@ import pytest
 from maelm_jax.run import checkpoints, run_tokenizer, train, train_lib
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.core import sharding
-from tests.helpers import random_ids, tiny_config
+from tests.helpers import built_once, random_ids, tiny_config
 
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
 # this file out (pytest.ini's `slow`).
@@ -34,17 +34,6 @@ RUN_ARGS = [
     "--config.keep_checkpoints=2", "--config.model.dtype=float32",
     "--config.data.num_streams=2",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_file(tmp_path_factory):
-  """One tokenizer for every run here, so no run spends time training one."""
-  from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib
-  directory = tmp_path_factory.mktemp("tokenizer")
-  tokenizer_lib.train_tokenizer(
-      pipeline.training_texts(sources.open_source("pydoc:", "train")),
-      str(directory / "sp"), vocab_size=600)
-  return str(directory / "sp.model")
 
 
 def command(workdir, tokenizer_file, *extra):
@@ -78,10 +67,12 @@ def steps_logged(workdir):
     return sum(1 for _ in f)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory, tokenizer_file):
-  workdir = tmp_path_factory.mktemp("reference")
-  run(workdir, tokenizer_file)
+  """The uninterrupted run's losses, which every interrupted run here and in
+  test_never_lose_a_run.py must reproduce: one run for the session."""
+  workdir = built_once(tmp_path_factory, "reference_run",
+                       lambda path: run(path, tokenizer_file))
   steps, values = losses(workdir)
   assert steps == list(range(1, TOTAL_STEPS + 1))
   return values

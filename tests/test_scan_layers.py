@@ -41,11 +41,11 @@ def test_scanned_layers_compute_what_unrolled_layers_compute(objective, override
   ids = random_ids(4, 32, VOCAB, num_pad=3)
   masks = masking.draw_masks(jax.random.PRNGKey(1), jnp.asarray(ids),
                              unrolled.mask_counts(32), mask_id=4, vocab_size=VOCAB)
-  params = nn.meta.unbox(model_lib.MaskedLM(unrolled).init(
+  params = nn.meta.unbox(jax.jit(model_lib.MaskedLM(unrolled).init)(
       jax.random.PRNGKey(0), masks)["params"])
   stacked = param_layout.stack_layers(params)
   # The layout the scanned model itself creates.
-  born = nn.meta.unbox(model_lib.MaskedLM(scanned).init(
+  born = nn.meta.unbox(jax.jit(model_lib.MaskedLM(scanned).init)(
       jax.random.PRNGKey(0), masks)["params"])
   assert jax.tree.structure(born) == jax.tree.structure(stacked)
   assert jax.tree.map(jnp.shape, born) == jax.tree.map(jnp.shape, stacked)

@@ -97,8 +97,8 @@ def _classifier_params(num_layers, scan_layers):
                               num_heads=2, mlp=32, scan_layers=scan_layers,
                               ln_type="pre")
   model = heads.SequenceClassifier(cfg, 2, pooling="mean")
-  return nn.meta.unbox(model.init(jax.random.PRNGKey(0),
-                                  jnp.ones((2, 8), jnp.int32))["params"])
+  return nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0),
+                                           jnp.ones((2, 8), jnp.int32))["params"])
 
 
 def _by_name(tree):
@@ -235,7 +235,7 @@ def test_flop_model_matches_xla_cost_analysis(objective, decoder, activation):
   ids = random_ids(4, 128, 1000)
   masks = masking.draw_masks(jax.random.PRNGKey(0), jnp.asarray(ids),
                              cfg.mask_counts(128), mask_id=4, vocab_size=1000)
-  params = nn.meta.unbox(model_lib.MaskedLM(cfg).init(jax.random.PRNGKey(0),
+  params = nn.meta.unbox(jax.jit(model_lib.MaskedLM(cfg).init)(jax.random.PRNGKey(0),
                                                       masks)["params"])
   forward = lambda p, m: model_lib.MaskedLM(cfg).apply({"params": p}, m)
   cost = jax.jit(forward).lower(params, masks).compile().cost_analysis()
@@ -322,7 +322,7 @@ def test_pretraining_with_relative_updates_moves_each_scanned_layer_by_the_rate(
                                    "weight_decay": 0.0, "relative_updates": True})
   cfg = model_lib.ModelConfig.from_config(config.model, VOCAB, 4)
   masks = train_lib._dummy_masks(cfg, config.seq_len)  # pylint: disable=protected-access
-  params = nn.meta.unbox(model_lib.MaskedLM(cfg).init(jax.random.PRNGKey(0),
+  params = nn.meta.unbox(jax.jit(model_lib.MaskedLM(cfg).init)(jax.random.PRNGKey(0),
                                                       masks)["params"])
   params = jax.tree.map(lambda p: p * 3.0 + 0.5, params)  # No zero tensors.
   grads = jax.tree.map(lambda p: jnp.asarray(np.random.default_rng(1).normal(

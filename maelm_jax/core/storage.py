@@ -7,7 +7,7 @@ process owns, filled from the bucket when the workdir is first used
 (`local(path)`) and uploaded by the run that holds the workdir (`push`: when the
 run starts, before each checkpoint save, at most every 30 s while it logs, and
 when it ends; while the bucket does not answer, skipped with a warning). The project's
-file code, SentencePiece (local files only) and tensorboardX thus run
+file code, SentencePiece (local files only) and the TensorBoard writer thus run
 unchanged, and the bucket gets whole objects: GCS has no append and no rename,
 and a reader of an object never sees it half written. A run killed between two
 pushes loses only records after its last checkpoint, which a resume redoes

@@ -11,6 +11,7 @@ import shutil
 from absl import logging
 
 from maelm_jax.core import errors, workdir as workdir_lib
+from maelm_jax.run import tensorboard_events
 
 
 class MetricWriter:
@@ -22,10 +23,9 @@ class MetricWriter:
       return
     self._jsonl = open(workdir_lib.metrics_path(workdir), "a")
     try:
-      from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-    except ImportError:  # TensorBoard events are optional; jsonl is not.
-      logging.warning("tensorboardX not installed: no TensorBoard events.")
+      self._tb = tensorboard_events.EventFileWriter(os.path.join(workdir, "tensorboard"))
+    except OSError as error:  # TensorBoard events are a view; jsonl is the record.
+      logging.warning("no TensorBoard events (%s); metrics.jsonl is written", error)
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
     if not self.is_main:
@@ -52,9 +52,8 @@ class MetricWriter:
       raise
     if self._tb is not None:
       try:
-        for key, value in metrics.items():
-          if math.isfinite(float(value)):
-            self._tb.add_scalar(key, float(value), int(step))
+        self._tb.write_scalars(int(step), {k: float(v) for k, v in metrics.items()
+                                           if math.isfinite(float(v))})
         self._tb.flush()
       except Exception as error:  # pylint: disable=broad-except
         # TensorBoard events are a view of metrics.jsonl: losing them must not

@@ -338,7 +338,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       logging.info("resumed from %s at step %d", manager.directory, restored_step)
     else:
       state, _ = train_lib.create_sharded_state(model_cfg, config.seq_len, tx, mesh,
-                                                config.seed)
+                                                config.seed, state_shardings)
       if config.init_from:
         state = pretrained_lib.load_init_from(config, state, state_shardings)
     eval_step = program.eval_step
