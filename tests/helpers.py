@@ -6,11 +6,14 @@ import pathlib
 import shutil
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
 import pretrain  # noqa: E402
 
+from maelm_jax.modeling import masking  # noqa: E402
 from maelm_jax.run import config_lib  # noqa: E402
 
 
@@ -56,3 +59,12 @@ def built_once(tmp_path_factory, name, build):
       build(path)
       (root / f"{name}.built").touch()
   return path
+
+
+def draw_masks(cfg, ids, vocab_size, seed=1, mask_id=4):
+  """`masking.draw_masks` of `ids` for the model `cfg`, as one jitted program:
+  run op by op it compiles each operation on its own (seconds on the CPU)."""
+  counts = cfg.mask_counts(ids.shape[1])
+  return jax.jit(lambda rng, x: masking.draw_masks(rng, x, counts, mask_id=mask_id,
+                                                   vocab_size=vocab_size))(
+      jax.random.PRNGKey(seed), jnp.asarray(ids))

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from maelm_jax.modeling import attention, masking, model as model_lib
+from maelm_jax.modeling import attention, model as model_lib
 from maelm_jax.run import config_lib
+from tests import helpers
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -23,10 +24,7 @@ def build(objective, **overrides):
 def loss_fn_and_params(cfg, ids, seed=1, params=None, right_padded=False):
   """The summed masked-LM loss as a function of the params, and fresh params
   (or `params`, when given: no init is run)."""
-  counts = cfg.mask_counts(ids.shape[1])  # Jitted, as the init: one compile, not one per op.
-  masks = jax.jit(lambda rng, x: masking.draw_masks(rng, x, counts, mask_id=4,
-                                                    vocab_size=VOCAB))(
-      jax.random.PRNGKey(seed), jnp.asarray(ids))
+  masks = helpers.draw_masks(cfg, ids, VOCAB, seed)  # Jitted, as the init.
   model = model_lib.MaskedLM(cfg, right_padded=right_padded)
   if params is None:
     params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), masks)["params"])

@@ -6,7 +6,6 @@ only check plumbing use dropout 0: on XLA:CPU, dropout's random bits make the
 train step compile 2-3x slower.
 """
 
-import fcntl
 import json
 import os
 import pathlib
@@ -25,7 +24,7 @@ from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.core import sharding
 from maelm_jax.finetune import heads, run, squad_metrics, sweep
-from tests.helpers import tiny_config
+from tests.helpers import built_once, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "configs"))
@@ -40,25 +39,21 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def pretrained(tmp_path_factory, worker_id):
+def pretrained(tmp_path_factory):
   """A 2-step tiny MAE-LM pretraining workdir, built once and shared by the
-  pytest-xdist workers (the first one builds it under a file lock)."""
-  root = tmp_path_factory.getbasetemp()
-  root = root if worker_id == "master" else root.parent
-  workdir = root / "tiny_maelm_pretrained"
-  with open(root / "tiny_maelm_pretrained.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not (workdir / "READY").exists():
-      from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
-      config = tiny_config("maelm", **{
-          "data.source": "pydoc:", "data.eval_fraction": 0.05,
-          "tokenizer.vocab_size": 600, "batch_size": 8, "seq_len": 64,
-          "total_steps": 2, "warmup_steps": 1, "eval_batches": 1, "log_every": 1,
-          "eval_every": 2, "checkpoint_every": 2, "model.dropout": 0.0,
-          "model.attention_dropout": 0.0})
-      train.train_and_evaluate(config, str(workdir))
-      (workdir / "READY").touch()
-  return workdir
+  pytest-xdist workers."""
+  from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
+
+  def build(workdir):
+    config = tiny_config("maelm", **{
+        "data.source": "pydoc:", "data.eval_fraction": 0.05,
+        "tokenizer.vocab_size": 600, "batch_size": 8, "seq_len": 64,
+        "total_steps": 2, "warmup_steps": 1, "eval_batches": 1, "log_every": 1,
+        "eval_every": 2, "checkpoint_every": 2, "model.dropout": 0.0,
+        "model.attention_dropout": 0.0})
+    train.train_and_evaluate(config, str(workdir))
+
+  return built_once(tmp_path_factory, "tiny_maelm_pretrained", build)
 
 
 POSITIVE, NEGATIVE = ("good", "great", "nice"), ("bad", "poor", "awful")

@@ -8,6 +8,7 @@ import pytest
 
 from maelm_jax.run import config_lib
 from maelm_jax.modeling import masking, model as model_lib, relative_position
+from tests import helpers
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -27,10 +28,7 @@ def init(cfg, masks):
 
 
 def draw(cfg, ids, seed=1):
-  counts = cfg.mask_counts(ids.shape[1])
-  return jax.jit(lambda rng, x: masking.draw_masks(rng, x, counts, mask_id=4,
-                                                   vocab_size=VOCAB))(
-      jax.random.PRNGKey(seed), jnp.asarray(ids))
+  return helpers.draw_masks(cfg, ids, VOCAB, seed)
 
 
 def padding_reference_loss(cfg, params, ids, masks):
