@@ -22,7 +22,7 @@ def build(objective="maelm", **overrides):
 
 def init(cfg, masks):
   # Jitted: run op by op, an init compiles each of its few hundred operations
-  # on its own (about 20 s on the CPU; 6 s as one program).
+  # on its own (3x the time on the CPU: benchmarks/eager_init_cpu.py).
   boxed = jax.jit(model_lib.MaskedLM(cfg).init)(jax.random.PRNGKey(0), masks)["params"]
   return nn.meta.unbox(boxed)
 

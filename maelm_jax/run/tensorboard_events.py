@@ -10,7 +10,7 @@ encoded here by hand:
   Summary  {1: repeated value Value}
   Value    {1: tag string, 2: simple_value float}
 
-tensorboardX, which wrote them before, imports torch when it is installed (4 s
+tensorboardX, which wrote them before, imports torch when it is installed (seconds
 of every start of a run on the test machine) and google-cloud-storage; this
 module imports nothing that a run has not already.
 """

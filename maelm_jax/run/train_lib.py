@@ -302,7 +302,7 @@ def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: i
 def init_params(model_cfg: ModelConfig, seq_len: int, rng: jax.Array):
   """Fresh, unboxed parameters of the pretraining model (unsharded). One jitted
   program: run op by op, an init compiles each of its few hundred operations on
-  its own (20 s for the tiny model on a CPU, against 6 s)."""
+  its own (3x the time on a CPU: benchmarks/eager_init_cpu.py)."""
   model = MaskedLM(model_cfg)
   return jax.jit(lambda r: nn.meta.unbox(
       model.init(r, _dummy_masks(model_cfg, seq_len))["params"]))(rng)
