@@ -53,7 +53,7 @@ def tokenizer_file(tmp_path_factory):
   return str(built_once(tmp_path_factory, "pydoc_tokenizer", build) / "sp.model")
 
 
-# Test functions of other files measured over about 20 s on the 2 cores
+# Test functions of other files measured at about 8 s or more on the 2 cores
 # (benchmarks/RESULTS.md, "Test suite cost"): one `file::name` a line, every
 # parameter case included; `make test-quick` leaves them out. The twelve files
 # that start runs as processes are marked slow as a whole (their `pytestmark`).
@@ -75,6 +75,35 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.nodeid.split("[")[0] in listed:
       item.add_marker(pytest.mark.slow)
+
+
+# MAELM_TEST_COMPILE_LOG=<file>: each test's count of XLA compiles and their
+# seconds in this process (trace, lowering, backend), a line per test appended to
+# the file, to find the tests that run models op by op (every operation its own
+# compile) or build many programs: sort -t$'\t' -k3 -n -r <file> | head
+COMPILE_LOG = os.environ.get("MAELM_TEST_COMPILE_LOG")
+_compiles = {"count": 0, "seconds": 0.0}
+
+
+def _count_compile(name, seconds, **kwargs):
+  del kwargs
+  if name.startswith("/jax/core/compile/"):
+    _compiles["seconds"] += seconds
+    _compiles["count"] += name.endswith("backend_compile_duration")
+
+
+if COMPILE_LOG:
+  import jax  # noqa: E402  pylint: disable=g-import-not-at-top
+
+  jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(item, nextitem):
+    del nextitem
+    _compiles.update(count=0, seconds=0.0)
+    yield
+    with open(COMPILE_LOG, "a", encoding="utf-8") as log:
+      log.write(f"{item.nodeid}\t{_compiles['count']}\t{_compiles['seconds']:.1f}\n")
 
 
 def pytest_unconfigure(config):

@@ -1,6 +1,7 @@
 """Small builders shared by tests."""
 
 import fcntl
+import functools
 import os
 import pathlib
 import shutil
@@ -68,3 +69,11 @@ def draw_masks(cfg, ids, vocab_size, seed=1, mask_id=4):
   return jax.jit(lambda rng, x: masking.draw_masks(rng, x, counts, mask_id=mask_id,
                                                    vocab_size=vocab_size))(
       jax.random.PRNGKey(seed), jnp.asarray(ids))
+
+
+def apply(module, variables, *args, **kwargs):
+  """`module.apply(variables, *args, **kwargs)` as one jitted program: a forward
+  run op by op compiles each of its operations on its own, a few hundred for the
+  tiny model (tens of seconds on the CPU; MAELM_TEST_COMPILE_LOG in conftest
+  counts them). Keyword arguments (`method`, `rngs`, flags) are closed over."""
+  return jax.jit(functools.partial(module.apply, **kwargs))(variables, *args)

@@ -17,6 +17,7 @@ import pytest
 from maelm_jax.evaluate import analyze
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.data import tokenizer as tokenizer_lib
+from tests import helpers
 from tests.helpers import random_ids, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ def test_layer_representations_of_a_model_with_known_rank(ln_type):
   # The layers mix neighbours non-linearly: their rank is no longer bounded by r.
   assert numerical_rank(reps[1]) > r
   # The last entry is what the encoder returns (the final LN or the last layer).
-  out = model_lib.Encoder(cfg).apply({"params": params}, ids)
+  out = helpers.apply(model_lib.Encoder(cfg), {"params": params}, ids)
   np.testing.assert_allclose(reps[-1], np.asarray(out)[positions], atol=1e-5)
 
 
@@ -125,13 +126,15 @@ def test_layer_representations_of_a_model_with_known_rank(ln_type):
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-  """A one-step tiny MLM pretraining workdir on the pydoc corpus."""
+def pretrained(tmp_path_factory, tokenizer_file):
+  """A one-step tiny MLM pretraining workdir on the pydoc corpus (the session's
+  tokenizer: none trained here)."""
   from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   workdir = tmp_path_factory.mktemp("analyze") / "tiny_mlm"
   train.train_and_evaluate(tiny_config("mlm", **{
       "data.source": "pydoc:", "data.eval_fraction": 0.05,
-      "tokenizer.vocab_size": 600, "seq_len": 64, "total_steps": 1,
+      "tokenizer.vocab_size": 600, "tokenizer.path": tokenizer_file, "seq_len": 64,
+      "total_steps": 1,
       "eval_batches": 1, "eval_every": 1, "checkpoint_every": 1,
       "model.dropout": 0.0, "model.attention_dropout": 0.0}), str(workdir))
   return workdir

@@ -30,7 +30,7 @@ def loss_fn_and_params(cfg, ids, seed=1, params=None, right_padded=False):
     params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), masks)["params"])
 
   def loss_fn(p):
-    logits = model.apply({"params": p}, masks)
+    logits = helpers.apply(model, {"params": p}, masks)
     return model_lib.masked_lm_loss(logits, masks.targets, masks.selected_weights)[0]
 
   return loss_fn, params

@@ -192,8 +192,9 @@ def test_read_pairs_names_bad_files(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def workdirs(tmp_path_factory):
-  """One-step tiny MLM and MAE-LM pretraining workdirs on the pydoc corpus."""
+def workdirs(tmp_path_factory, tokenizer_file):
+  """One-step tiny MLM and MAE-LM pretraining workdirs on the pydoc corpus (the
+  session's tokenizer: none trained here)."""
   from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("blimp")
   made = []
@@ -201,8 +202,9 @@ def workdirs(tmp_path_factory):
     workdir = root / f"tiny_{objective}"
     train.train_and_evaluate(tiny_config(objective, **{
         "data.source": "pydoc:", "data.eval_fraction": 0.05,
-        "tokenizer.vocab_size": 600, "seq_len": 64, "total_steps": 1,
-        "eval_batches": 1, "eval_every": 1, "checkpoint_every": 1}), str(workdir))
+        "tokenizer.vocab_size": 600, "tokenizer.path": tokenizer_file, "seq_len": 64,
+        "total_steps": 1, "eval_batches": 1, "eval_every": 1,
+        "checkpoint_every": 1}), str(workdir))
     made.append(workdir)
   return made
 

@@ -25,6 +25,7 @@ from maelm_jax.interop import export_hf  # noqa: E402
 from maelm_jax.modeling import model as model_lib  # noqa: E402
 from maelm_jax.data import sources  # noqa: E402
 from maelm_jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from tests import helpers  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
@@ -56,10 +57,10 @@ def jax_outputs(workdir, input_ids):
   """Last hidden states and MLM-head logits of the JAX model, float32."""
   p = pretrained_lib.load_pretrained(str(workdir), encoder_only=False)
   cfg = p.model_cfg.__class__(**{**p.model_cfg.__dict__, "dtype": jnp.float32})
-  hidden = model_lib.Encoder(cfg).apply(
-      {"params": model_lib.encoder_params(p.params)}, jnp.asarray(input_ids))
-  logits = model_lib.LMHead(cfg).apply({"params": p.params["lm_head"]}, hidden,
-                                       p.params["token_embed"]["embedding"])
+  hidden = helpers.apply(
+      model_lib.Encoder(cfg), {"params": model_lib.encoder_params(p.params)}, jnp.asarray(input_ids))
+  logits = helpers.apply(model_lib.LMHead(cfg), {"params": p.params["lm_head"]}, hidden,
+                         p.params["token_embed"]["embedding"])
   return np.asarray(hidden), np.asarray(logits)
 
 
@@ -380,8 +381,9 @@ def jax_classifier(workdir, data):
   task = glue_data.get_task("sst2")
   examples = glue_data.read_tsv(task, str(data / "dev.tsv"))
   rows = glue_data.encode_examples(examples, p.tokenizer, config["max_seq_len"])
-  logits = heads.SequenceClassifier(cfg, task.num_outputs, pooling=config["pooling"]
-                                    ).apply({"params": params}, jnp.asarray(rows))
+  logits = helpers.apply(
+      heads.SequenceClassifier(cfg, task.num_outputs, pooling=config["pooling"]),
+      {"params": params}, jnp.asarray(rows))
   return rows, np.asarray(logits), examples
 
 
@@ -485,8 +487,8 @@ def jax_span_logits(workdir, eval_file):
       squad_data.read_squad_json(str(eval_file)), p.tokenizer,
       max_seq_len=config["max_seq_len"], doc_stride=config["doc_stride"],
       max_query_len=config["max_query_len"], training=False)
-  start, end = heads.SpanExtractor(cfg).apply({"params": params},
-                                              jnp.asarray(features.input_ids))
+  start, end = helpers.apply(heads.SpanExtractor(cfg), {"params": params},
+                             jnp.asarray(features.input_ids))
   return features.input_ids, np.asarray(start), np.asarray(end)
 
 
@@ -575,7 +577,7 @@ def jax_decoder_logits(workdir, ids, slots):
                 selected_weights=np.ones(masked.shape, np.float32),
                 targets=np.zeros(masked.shape, np.int32))
   masks = masking.Masks(**{k: jnp.asarray(v) for k, v in fields.items()})
-  return np.asarray(model_lib.MaskedLM(cfg).apply({"params": p.params}, masks))[0]
+  return np.asarray(helpers.apply(model_lib.MaskedLM(cfg), {"params": p.params}, masks))[0]
 
 
 @pytest.mark.parametrize("name", ["maelm", "3ml", "knobs"])

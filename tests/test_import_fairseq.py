@@ -23,6 +23,7 @@ from maelm_jax.modeling import masking, relative_position  # noqa: E402
 from maelm_jax.modeling import model as model_lib  # noqa: E402
 from maelm_jax.run import train_lib  # noqa: E402
 from tests import mae_lm_reference as ref  # noqa: E402
+from tests import helpers  # noqa: E402
 from tests.helpers import pretrain  # noqa: E402
 from tests.test_import_hf import make_roberta  # noqa: E402
 
@@ -137,10 +138,10 @@ def test_paper_maelm_matches_the_release_forward(tmp_path):
       encoder_positions=jnp.asarray(kept, jnp.int32),
       masked_positions=jnp.asarray(masked, jnp.int32))
   model = model_lib.MaskedLM(cfg)
-  states = np.asarray(model.apply({"params": params}, masks.encoder_ids,
-                                  masks.encoder_positions, masks.encoder_ids != 0,
-                                  method=model_lib.MaskedLM.encode))
-  logits = np.asarray(model.apply({"params": params}, masks))
+  states = np.asarray(helpers.apply(model, {"params": params}, masks.encoder_ids,
+                                    masks.encoder_positions, masks.encoder_ids != 0,
+                                    method=model_lib.MaskedLM.encode))
+  logits = np.asarray(helpers.apply(model, {"params": params}, masks))
   real = src_tokens != ref.PAD
   np.testing.assert_allclose(states[real], ref_states[real], atol=TOLERANCE, rtol=0)
   np.testing.assert_allclose(logits, ref_logits[..., old_id], atol=TOLERANCE, rtol=0)
@@ -152,9 +153,9 @@ def test_paper_maelm_matches_the_release_forward(tmp_path):
   # The comparison can fail: T5 buckets or the [CLS] untie move the states.
   for change in ({"relative_bucket_fn": "t5"}, {"untie_cls_position": True}):
     other = model_lib.MaskedLM(dataclasses.replace(cfg, **change))
-    moved = np.asarray(other.apply({"params": params}, masks.encoder_ids,
-                                   masks.encoder_positions, masks.encoder_ids != 0,
-                                   method=model_lib.MaskedLM.encode))
+    moved = np.asarray(helpers.apply(other, {"params": params}, masks.encoder_ids,
+                                     masks.encoder_positions, masks.encoder_ids != 0,
+                                     method=model_lib.MaskedLM.encode))
     assert np.abs(moved[real] - ref_states[real]).max() > 100 * TOLERANCE, change
 
 

@@ -22,6 +22,7 @@ from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
 from maelm_jax.interop import export_hf, import_hf  # noqa: E402
 from maelm_jax.modeling import model as model_lib  # noqa: E402
 from maelm_jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from tests import helpers  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 from tests.test_export_hf import TRICKY_TEXTS, pydoc_sentences  # noqa: E402
 
@@ -98,10 +99,10 @@ def make_bert(root, vocab_size=300):
 def ours(workdir, ids):
   """Last hidden states and MLM logits of the imported model, float32."""
   p = pretrained_lib.load_pretrained(str(workdir), encoder_only=False)
-  hidden = model_lib.Encoder(p.model_cfg).apply(
-      {"params": model_lib.encoder_params(p.params)}, jnp.asarray(ids))
-  logits = model_lib.LMHead(p.model_cfg).apply(
-      {"params": p.params["lm_head"]}, hidden, p.params["token_embed"]["embedding"])
+  hidden = helpers.apply(
+      model_lib.Encoder(p.model_cfg), {"params": model_lib.encoder_params(p.params)}, jnp.asarray(ids))
+  logits = helpers.apply(
+      model_lib.LMHead(p.model_cfg), {"params": p.params["lm_head"]}, hidden, p.params["token_embed"]["embedding"])
   return np.asarray(hidden), np.asarray(logits), p
 
 

@@ -52,7 +52,7 @@ def padding_reference_loss(cfg, params, ids, masks):
       dec = dec_in
     return mdl.lm_head(dec, mdl.token_embed.embedding)
 
-  logits = nn.apply(forward, model_lib.MaskedLM(cfg))({"params": params})
+  logits = jax.jit(nn.apply(forward, model_lib.MaskedLM(cfg)))({"params": params})
   nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], -1)[..., 0]
   return float((nll * is_masked).sum() / is_masked.sum())
 
@@ -64,7 +64,7 @@ def test_maelm_loss_equals_padding_reference(ln_type, rel):
   ids = random_ids(4, 32, VOCAB)
   masks = draw(cfg, ids)
   params = init(cfg, masks)
-  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  logits = helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks)
   assert logits.shape == (4, cfg.mask_counts(32).num_selected, VOCAB)
   loss_sum, _, weight = model_lib.masked_lm_loss(logits, masks.targets,
                                                  masks.selected_weights)
@@ -80,13 +80,13 @@ def test_mlm_is_a_plain_encoder_with_a_sparse_head():
   masks = draw(cfg, ids)
   params = init(cfg, masks)
   assert set(params) == {"token_embed", "encoder", "lm_head"}
-  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  logits = helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks)
 
   def dense_head(mdl):  # Head on every position, then read the selected ones.
     hidden = mdl.encoder(mdl.token_embed(masks.encoder_ids), masks.encoder_positions,
                          masks.encoder_ids != 0)
     return mdl.lm_head(hidden, mdl.token_embed.embedding)
-  full = nn.apply(dense_head, model_lib.MaskedLM(cfg))({"params": params})
+  full = jax.jit(nn.apply(dense_head, model_lib.MaskedLM(cfg)))({"params": params})
   expected = jnp.take_along_axis(full, masks.selected_positions[..., None], axis=1)
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
@@ -97,7 +97,7 @@ def test_cross_decoder_reads_only_selected_slots():
   masks = draw(cfg, ids)
   params = init(cfg, masks)
   assert "cross_attn" in params["decoder"]["layer_0"]
-  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  logits = helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks)
   assert logits.shape == (2, cfg.mask_counts(32).num_selected, VOCAB)
   # The decoder sequence is the K selected slots: logits at one slot depend on the
   # encoder (cross-attention), so changing a visible unselected token changes them.
@@ -105,7 +105,7 @@ def test_cross_decoder_reads_only_selected_slots():
                               np.asarray(masks.selected_positions[0]))
   idx = int(np.flatnonzero(np.asarray(masks.encoder_positions[0]) == visible_only[3])[0])
   changed = masks.encoder_ids.at[0, idx].set(7 if masks.encoder_ids[0, idx] != 7 else 8)
-  other = model_lib.MaskedLM(cfg).apply(
+  other = helpers.apply(model_lib.MaskedLM(cfg),
       {"params": params}, masks.__class__(**{**masks.__dict__, "encoder_ids": changed}))
   assert not np.allclose(logits[0], other[0])
   np.testing.assert_allclose(logits[1], other[1], rtol=1e-6)
@@ -118,13 +118,13 @@ def test_encoder_view_needs_no_decoder_and_matches_pretraining_encoder():
   params = init(cfg, masks)
   enc_params = model_lib.encoder_params(params)
   assert set(enc_params) == {"token_embed", "encoder"}
-  out = model_lib.Encoder(cfg).apply({"params": enc_params}, jnp.asarray(ids))
+  out = helpers.apply(model_lib.Encoder(cfg), {"params": enc_params}, jnp.asarray(ids))
   assert out.shape == (2, 32, cfg.hidden)
   # Same weights, same computation as inside the pretraining model.
-  inner = nn.apply(lambda m: m.encoder(m.token_embed(jnp.asarray(ids)),
+  inner = jax.jit(nn.apply(lambda m: m.encoder(m.token_embed(jnp.asarray(ids)),
                                        jnp.broadcast_to(jnp.arange(32), ids.shape),
                                        jnp.asarray(ids) != 0),
-                   model_lib.MaskedLM(cfg))({"params": params})
+                   model_lib.MaskedLM(cfg)))({"params": params})
   np.testing.assert_allclose(out, inner, rtol=1e-6)
 
 
@@ -143,10 +143,10 @@ def test_bf16_compute_keeps_fp32_params_and_logits():
   masks = draw(cfg, ids)
   params = init(cfg, masks)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  logits = helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks)
   assert logits.dtype == jnp.float32
   cfg32 = build("maelm")
-  logits32 = model_lib.MaskedLM(cfg32).apply({"params": params}, masks)
+  logits32 = helpers.apply(model_lib.MaskedLM(cfg32), {"params": params}, masks)
   np.testing.assert_allclose(logits, logits32, atol=0.05)
 
 
@@ -180,11 +180,11 @@ def test_decoder_relative_bias_is_its_own_and_reads_original_positions(decoder_t
   table = np.asarray(params["decoder"]["relative_bias"]["table"])
   assert table[0, 0] == 0.0 and table[1, 0] == -1.0
   # The bias moves the predictions: a flat table gives other logits.
-  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  logits = helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks)
   flat = jax.tree_util.tree_map_with_path(
       lambda p, x: jnp.zeros_like(x) if "relative_bias" in jax.tree_util.keystr(p)
       and "decoder" in jax.tree_util.keystr(p) else x, params)
-  other = model_lib.MaskedLM(cfg).apply({"params": flat}, masks)
+  other = helpers.apply(model_lib.MaskedLM(cfg), {"params": flat}, masks)
   assert not np.allclose(logits, other, atol=1e-4)
   without = build("3ml", **{"model.decoder_type": decoder_type,
                             "model.decoder_relative_position_bias": False})
@@ -201,8 +201,8 @@ def test_zero_init_residual_makes_every_layer_start_as_the_identity():
   assert not np.any(layer["mlp"]["wo"]["kernel"])
   assert np.any(layer["mlp"]["wi"]["kernel"])
   # Pre-LN with identity layers: the encoder is final_ln(token + position).
-  out = model_lib.Encoder(cfg).apply({"params": model_lib.encoder_params(params)},
-                                     jnp.asarray(ids))
+  out = helpers.apply(model_lib.Encoder(cfg), {"params": model_lib.encoder_params(params)},
+                      jnp.asarray(ids))
 
   def embeddings_only(mdl):
     positions = jnp.broadcast_to(jnp.arange(32), ids.shape)
@@ -210,7 +210,7 @@ def test_zero_init_residual_makes_every_layer_start_as_the_identity():
         "position_embed"]["embedding"][positions]
     ln = nn.LayerNorm(epsilon=1e-5)
     return ln.apply({"params": mdl.encoder.variables["params"]["final_ln"]}, x)
-  expected = nn.apply(embeddings_only, model_lib.Encoder(cfg))(
+  expected = jax.jit(nn.apply(embeddings_only, model_lib.Encoder(cfg)))(
       {"params": model_lib.encoder_params(params)})
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
@@ -222,7 +222,7 @@ def test_cls_is_untied_from_relative_positions():
   positions = jnp.arange(12)[None]
   module = model_lib.RelativePositionBias(cfg)
   params = nn.meta.unbox(module.init(jax.random.PRNGKey(0), positions, positions))
-  bias = np.asarray(module.apply(params, positions, positions))[0]  # [H, n, m]
+  bias = np.asarray(helpers.apply(module, params, positions, positions))[0]  # [H, n, m]
   assert not np.any(bias[:, 0, :]) and not np.any(bias[:, :, 0])
   table = np.asarray(params["params"]["table"])
   buckets = np.asarray(relative_position.t5_bucket(
@@ -247,7 +247,7 @@ def test_untied_embeddings_move_only_the_words_that_were_read(objective):
     assert ("embedding" in params["lm_head"]) == (not tied)
 
     def loss(p):
-      logits = model_lib.MaskedLM(cfg).apply({"params": p}, masks)
+      logits = helpers.apply(model_lib.MaskedLM(cfg), {"params": p}, masks)
       total, _, weight = model_lib.masked_lm_loss(logits, masks.targets,
                                                   masks.selected_weights)
       return total / weight
@@ -272,7 +272,8 @@ def test_activation_dropout_is_its_own_knob_and_off_by_default():
 
   def encode(cfg, train):
     params = init(cfg, draw(cfg, ids))
-    return model_lib.Encoder(cfg, deterministic=not train).apply(
+    return helpers.apply(
+        model_lib.Encoder(cfg, deterministic=not train),
         {"params": model_lib.encoder_params(params)}, jnp.asarray(ids),
         rngs={"dropout": jax.random.PRNGKey(3)})
 
@@ -364,7 +365,7 @@ def test_padding_that_fills_the_static_count_is_never_read(decoder_type):
     masks = padded_masks(ids, real, cfg.mask_counts(length))
     params = init(cfg, padded_masks(np.concatenate([doc, np.zeros(18, np.int32)]),
                                     real, cfg.mask_counts(32)))
-    out = np.asarray(model_lib.MaskedLM(cfg).apply({"params": params}, masks))
+    out = np.asarray(helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks))
     picked = np.asarray(masks.selected_weights[0]) == 1
     logits.append(out[0][picked])
   assert logits[0].shape == (3, VOCAB)
@@ -409,7 +410,7 @@ def test_cudnn_gets_its_bias_in_the_activation_dtype_cast_once(monkeypatch):
     seen.clear()
     monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
                         lambda self, *a, b=backend: b)
-    model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+    helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks)
     assert ({jnp.dtype(d) for d in seen} == {jnp.dtype(expected)}) if expected \
         else not seen
 
@@ -428,14 +429,14 @@ def test_rows_padded_at_their_end_run_to_their_last_token(monkeypatch):
   ids[2] = 0  # Padding only.
   encoder = model_lib.Encoder(cfg, right_padded=True)
   params = encoder.init(jax.random.PRNGKey(0), ids)
-  einsum = encoder.apply(params, ids)
+  einsum = helpers.apply(encoder, params, ids)
   original = attention.fused_attention
   monkeypatch.setattr(attention, "fused_attention",
                       lambda q, k, v, bias, implementation, key_lengths=None: original(
                           q, k, v, bias, "xla", pad_odd=True, key_lengths=key_lengths))
   monkeypatch.setattr(model_lib.ModelConfig, "attention_backend",
                       lambda self, *a: "cudnn")
-  fused = encoder.apply(params, ids)
+  fused = helpers.apply(encoder, params, ids)
   assert np.isfinite(np.asarray(einsum)).all() and np.isfinite(np.asarray(fused)).all()
   np.testing.assert_allclose(np.asarray(fused), np.asarray(einsum), rtol=1e-5, atol=1e-5)
 
@@ -453,7 +454,7 @@ def test_geglu_is_gelu_of_one_projection_times_the_other():
   dense = lambda p, h: h @ p["kernel"] + p["bias"]
   expected = dense(params["wo"], jax.nn.gelu(dense(params["wi_0"], x), approximate=False)
                    * dense(params["wi_1"], x))
-  np.testing.assert_allclose(mlp.apply({"params": params}, x), expected,
+  np.testing.assert_allclose(helpers.apply(mlp, {"params": params}, x), expected,
                              rtol=1e-5, atol=1e-5)
 
 
@@ -474,7 +475,7 @@ def test_normformer_norms_each_attention_output_and_the_ffn_hidden_units(normfor
   layer = params["decoder"]["layer_0"]
   has = {"self_attn_out_ln", "cross_attn_out_ln"} <= set(layer)
   assert has == normformer and ("mid_ln" in layer["mlp"]) == normformer
-  logits = model_lib.MaskedLM(cfg).apply({"params": params}, masks)
+  logits = helpers.apply(model_lib.MaskedLM(cfg), {"params": params}, masks)
   for path in (("encoder", "layer_0", "self_attn", "out"),
                ("encoder", "layer_1", "mlp", "wi_1"),
                ("decoder", "layer_0", "cross_attn", "out")):
@@ -483,7 +484,7 @@ def test_normformer_norms_each_attention_output_and_the_ffn_hidden_units(normfor
     for key in path[:-1]:
       node = node[key]
     node[path[-1]] = jax.tree.map(lambda x: 3.0 * x, node[path[-1]])
-    moved = np.abs(np.asarray(model_lib.MaskedLM(cfg).apply({"params": scaled}, masks)
+    moved = np.abs(np.asarray(helpers.apply(model_lib.MaskedLM(cfg), {"params": scaled}, masks)
                               - logits)).max()
     if normformer:
       assert moved < 1e-3, (path, moved)

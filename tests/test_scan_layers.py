@@ -11,6 +11,7 @@ import pytest
 
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.modeling import masking, model as model_lib, param_layout
+from tests import helpers
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 120
@@ -63,10 +64,10 @@ def test_scanned_layers_compute_what_unrolled_layers_compute(objective, override
                                err_msg=jax.tree_util.keystr(path))
   # The fine-tuning view (Encoder) too.
   encoder = model_lib.encoder_params
-  hidden = model_lib.Encoder(unrolled).apply({"params": encoder(params)},
-                                             jnp.asarray(ids))
-  scanned_hidden = model_lib.Encoder(scanned).apply({"params": encoder(stacked)},
-                                                    jnp.asarray(ids))
+  hidden = helpers.apply(model_lib.Encoder(unrolled), {"params": encoder(params)},
+                         jnp.asarray(ids))
+  scanned_hidden = helpers.apply(model_lib.Encoder(scanned), {"params": encoder(stacked)},
+                                 jnp.asarray(ids))
   np.testing.assert_allclose(scanned_hidden, hidden, rtol=1e-5, atol=1e-5)
 
 
@@ -169,9 +170,10 @@ def test_a_scanned_run_feeds_init_from_fine_tuning_and_analysis(tmp_path):
   ids = jnp.asarray(random_ids(2, 24, as_saved.tokenizer.vocab_size))
   f32 = lambda cfg: model_lib.dataclasses.replace(cfg, dtype=jnp.float32)
   np.testing.assert_allclose(
-      model_lib.Encoder(f32(as_saved.model_cfg)).apply({"params": as_saved.params}, ids),
-      model_lib.Encoder(f32(source.model_cfg)).apply(
-          {"params": model_lib.encoder_params(source.params)}, ids),
+      helpers.apply(model_lib.Encoder(f32(as_saved.model_cfg)),
+                    {"params": as_saved.params}, ids),
+      helpers.apply(model_lib.Encoder(f32(source.model_cfg)),
+                    {"params": model_lib.encoder_params(source.params)}, ids),
       rtol=1e-5, atol=1e-5)
 
   # The export of the scanned run holds the weights the unrolled copy holds.

@@ -10,6 +10,7 @@ import pytest
 from maelm_jax.modeling import flops, masking, model as model_lib
 from maelm_jax.core import sharding
 from maelm_jax.run import train_lib
+from tests import helpers
 from tests.helpers import random_ids, tiny_config
 
 VOCAB = 128
@@ -237,7 +238,7 @@ def test_flop_model_matches_xla_cost_analysis(objective, decoder, activation):
                              cfg.mask_counts(128), mask_id=4, vocab_size=1000)
   params = nn.meta.unbox(jax.jit(model_lib.MaskedLM(cfg).init)(jax.random.PRNGKey(0),
                                                       masks)["params"])
-  forward = lambda p, m: model_lib.MaskedLM(cfg).apply({"params": p}, m)
+  forward = lambda p, m: helpers.apply(model_lib.MaskedLM(cfg), {"params": p}, m)
   cost = jax.jit(forward).lower(params, masks).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   ours = 4 * sum(flops.forward_flops_per_sequence(cfg, 128).values())
