@@ -1,8 +1,12 @@
 """Tests for maelm_jax.tokenizer on the English docs CPython ships (pydoc_data)."""
 
 import os
+import pathlib
 import pickle
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import unicodedata
@@ -11,6 +15,8 @@ from pydoc_data import topics
 import pytest
 
 from maelm_jax.data import tokenizer as tokenizer_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 VOCAB = 800
 
@@ -310,3 +316,43 @@ def test_the_export_tokenizer_splits_text_around_mask_as_the_project(tokenizer,
   # Without a [MASK], as before: SentencePiece's own ids.
   text = "  Hello   world, it's [1999].  "
   assert exported(text)["input_ids"][1:-1] == tokenizer.encode_one(text)
+
+
+_BUILD_A_BIG_VOCABULARY = """
+import itertools, random, sys
+from absl import logging
+from maelm_jax.data import tokenizer
+logging.set_verbosity(logging.INFO)
+rng = random.Random(0)
+words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 12)))
+         for _ in range(60000)]
+weights = list(itertools.accumulate(1 / (i + 1) for i in range(len(words))))
+texts = (" ".join(rng.choices(words, cum_weights=weights, k=12)) + "."
+         for _ in range(100000))
+tokenizer.train_tokenizer(texts, sys.argv[1], vocab_size=16000)
+"""
+
+
+def test_ctrl_c_while_sentencepiece_builds_stops_within_seconds(tmp_path):
+  """SentencePiece builds the vocabulary in C++ for about 40 s here (100,000
+  random sentences, 16,000 pieces, 2 cores): Ctrl-C then stops the process
+  within seconds, not when the trainer returns, says that nothing of the
+  tokenizer is kept, and leaves no file behind."""
+  process = subprocess.Popen(
+      [sys.executable, "-c", _BUILD_A_BIG_VOCABULARY, str(tmp_path / "t")],
+      cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lines = []
+  for line in process.stderr:  # Until the reading ends and the trainer starts.
+    lines.append(line)
+    if "SentencePiece is now building" in line:
+      break
+  time.sleep(1.0)
+  assert process.poll() is None, "".join(lines)
+  process.send_signal(signal.SIGINT)
+  started = time.monotonic()
+  rest = process.communicate(timeout=120)[1]
+  seconds = time.monotonic() - started
+  assert process.returncode != 0 and "KeyboardInterrupt" in rest, rest[-2000:]
+  assert "stopped by Ctrl-C before it was built; nothing of it is kept" in rest
+  assert seconds < 10, seconds
+  assert os.listdir(tmp_path) == []

@@ -26,6 +26,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -547,36 +549,26 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str, *, vocab_size: int,
   os.makedirs(out_dir, exist_ok=True)
   tmp_prefix = f"{model_prefix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-  # The trainer's sentence sampling and shuffling use SentencePiece's global
-  # generator; seeding it is the only way to make them reproducible.
-  spm.set_random_generator_seed(seed)
+  # The sentences go to a file, and SentencePiece builds the vocabulary in a
+  # child process: in C++ for tens of seconds to hours, it would hold a Ctrl-C
+  # of this process until it returned; the child is killed at once instead.
   try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=_with_progress(
-            _training_lines(texts, _MAX_TRAINING_LINE_BYTES), max_sentences),
-        model_prefix=tmp_prefix,
-        model_type=model_type,
-        vocab_size=vocab_size,
-        character_coverage=0.9995,
-        input_sentence_size=max_sentences,
-        shuffle_input_sentence=True,
-        max_sentence_length=_MAX_TRAINING_LINE_BYTES,
-        num_threads=os.cpu_count() or 1,
-        pad_id=PAD_ID, pad_piece=SPECIAL_TOKENS[PAD_ID],
-        unk_id=UNK_ID, unk_piece=SPECIAL_TOKENS[UNK_ID],
-        bos_id=-1, eos_id=-1,
-        control_symbols=list(SPECIAL_TOKENS[CLS_ID:]),
-        minloglevel=2,
-    )
+    with open(tmp_prefix + ".txt", "w", encoding="utf-8", newline="\n") as f:
+      for sentence in _with_progress(
+          _training_lines(texts, _MAX_TRAINING_LINE_BYTES), max_sentences):
+        f.write(sentence.replace("\n", " ").replace("\r", " ") + "\n")
+    message = _run_trainer(seed=seed, input=tmp_prefix + ".txt",
+                           model_prefix=tmp_prefix, model_type=model_type,
+                           vocab_size=vocab_size, input_sentence_size=max_sentences)
   except BaseException as e:  # A failure, or Ctrl-C: no temporary file stays.
-    for suffix in (".model", ".vocab"):
-      if os.path.exists(tmp_prefix + suffix):
-        os.remove(tmp_prefix + suffix)
-    if not isinstance(e, RuntimeError):
-      raise
-    message = str(e)
-    if "KeyboardInterrupt" in message:  # Ctrl-C while the trainer read the text.
-      raise KeyboardInterrupt from None
+    _remove(tmp_prefix, (".txt", ".model", ".vocab"))
+    if isinstance(e, KeyboardInterrupt):
+      logging.warning("tokenizer: stopped by Ctrl-C before it was built; nothing "
+                      "of it is kept (the next start trains it again)")
+    raise
+  _remove(tmp_prefix, (".txt",))
+  if message is not None:
+    _remove(tmp_prefix, (".model", ".vocab"))
     too_high = _VOCAB_TOO_HIGH.search(message)
     if too_high:
       limit = int(too_high.group(2))
@@ -584,27 +576,71 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str, *, vocab_size: int,
           f"the tokenizer training text is too small for vocab_size={vocab_size}: "
           f"SentencePiece can build at most {limit} pieces from it. Set a smaller "
           f"--config.tokenizer.vocab_size (at most {limit}, and leave headroom), "
-          "or train on more text") from e
-    if "sentences_.empty()" in message:
+          "or train on more text")
+    if "sentences_.empty()" in message or "no sentences" in message.lower():
       raise ValueError(
           "the tokenizer training text is empty: the data source yielded no "
-          "non-blank documents; check --config.data.source") from e
-    raise RuntimeError(f"SentencePiece training failed: {message}") from e
+          "non-blank documents; check --config.data.source")
+    raise RuntimeError(f"SentencePiece training failed: {message}")
   try:
-    # The trainer records its output prefix in the model; ours is a random
-    # temporary name, so clear it to keep the file a pure function of the input.
+    # The trainer records its output prefix and input file in the model; ours
+    # are random temporary names, so clear them to keep the file a pure
+    # function of the text.
     with open(tmp_prefix + ".model", "rb") as f:
       proto = sentencepiece_model_pb2.ModelProto.FromString(f.read())
     proto.trainer_spec.ClearField("model_prefix")
+    proto.trainer_spec.ClearField("input")
     with open(tmp_prefix + ".model", "wb") as f:
       f.write(proto.SerializeToString())
     os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
     os.replace(tmp_prefix + ".model", model_prefix + ".model")
-  finally:  # Ctrl-C while the trainer ran arrives here, after it wrote its files.
-    for suffix in (".model", ".vocab"):
-      if os.path.exists(tmp_prefix + suffix):
-        os.remove(tmp_prefix + suffix)
+  finally:  # Ctrl-C after the trainer returned: its files are not kept half moved.
+    _remove(tmp_prefix, (".model", ".vocab"))
   return Tokenizer(model_prefix + ".model")
+
+
+def _remove(prefix: str, suffixes: Sequence[str]) -> None:
+  for suffix in suffixes:
+    if os.path.exists(prefix + suffix):
+      os.remove(prefix + suffix)
+
+
+# The child: SentencePiece's trainer on the sentence file, with the settings
+# every maelm_jax tokenizer shares. Its error, if any, is its stderr's last line.
+_TRAINER = """
+import json, sys
+import sentencepiece as spm
+args = json.loads(sys.stdin.read())
+spm.set_random_generator_seed(args.pop("seed"))
+try:
+  spm.SentencePieceTrainer.train(**args)
+except Exception as e:
+  sys.stderr.write("\\n" + " ".join(str(e).split()) + "\\n")
+  sys.exit(1)
+"""
+
+
+def _run_trainer(seed: int, **args) -> str | None:
+  """Runs SentencePiece's trainer in a child process; its error message, or
+  None. Ctrl-C (KeyboardInterrupt here) kills the child before it propagates."""
+  args.update(
+      seed=seed, character_coverage=0.9995, shuffle_input_sentence=True,
+      max_sentence_length=_MAX_TRAINING_LINE_BYTES, num_threads=os.cpu_count() or 1,
+      pad_id=PAD_ID, pad_piece=SPECIAL_TOKENS[PAD_ID],
+      unk_id=UNK_ID, unk_piece=SPECIAL_TOKENS[UNK_ID], bos_id=-1, eos_id=-1,
+      control_symbols=list(SPECIAL_TOKENS[CLS_ID:]), minloglevel=2)
+  child = subprocess.Popen([sys.executable, "-c", _TRAINER], stdin=subprocess.PIPE,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    _, stderr = child.communicate(json.dumps(args))
+  except BaseException:
+    child.kill()
+    child.wait()
+    raise
+  if child.returncode == 0:
+    return None
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  return lines[-1] if lines else f"the trainer exited {child.returncode}"
 
 
 def _check_matches(tokenizer: Tokenizer | HFTokenizer, vocab_size: int,
