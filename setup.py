@@ -62,6 +62,10 @@ setup(
         # parity checks (import_hf --check, import_fairseq) also need torch and
         # transformers, which a user installs for their platform.
         "export": ["safetensors>=0.4"],
+        # notebooks/quickstart.ipynb: the export's last cell loads it with
+        # transformers on PyTorch (Colab has both; elsewhere pip picks the torch
+        # build for the platform, a CUDA one on Linux unless told otherwise).
+        "notebook": ["safetensors>=0.4", "torch", "transformers>=4.57"],
         # The tests load exports with transformers on PyTorch. torch==2.13.0 is the
         # CPU wheel only where pip finds that wheel (the CI machine has it locally;
         # elsewhere add --index-url https://download.pytorch.org/whl/cpu, or pip

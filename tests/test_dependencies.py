@@ -92,3 +92,34 @@ def test_the_declared_numpy_is_the_one_jax_needs():
   theirs = re.search(r">=([\d.]+)", jax_needs[0])[1]
   as_tuple = lambda v: tuple(int(x) for x in v.split("."))
   assert as_tuple(ours) >= as_tuple(theirs), (ours, jax_needs)
+
+
+def test_the_notebook_installs_what_it_imports():
+  """notebooks/quickstart.ipynb installs the checkout with the `notebook` extra
+  when an import it needs is missing; that extra and install_requires provide
+  every third-party module its cells import (torch and transformers for the
+  export's last cell were in none), and its install cell checks them all."""
+  import json  # pylint: disable=g-import-not-at-top
+  cells = ["".join(c["source"]) for c in json.loads(
+      (REPO / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+           if c["cell_type"] == "code"]
+  modules = set()
+  for cell in cells:
+    for node in ast.walk(ast.parse(cell)):
+      if isinstance(node, ast.Import):
+        modules |= {a.name.split(".")[0] for a in node.names}
+      elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        modules.add(node.module.split(".")[0])
+  # IPython is the kernel's own, present wherever a notebook runs.
+  modules -= set(sys.stdlib_module_names) | {"maelm_jax", "IPython"}
+  requires, extras = declared()
+  assert "notebook" in extras, "setup.py has no `notebook` extra"
+  provided = requires | extras["notebook"]
+  missing = sorted(f"{m} ({distribution(m, provided)})" for m in modules
+                   if distribution(m, provided) not in provided)
+  assert not missing, f"the notebook imports what its install does not provide: {missing}"
+  install = next(c for c in cells if "pip" in c and "install" in c)
+  assert "[notebook]" in install
+  checked = set(re.search(r"import ([\w, ]+)", install.split("try:")[1])[1]
+                .replace(" ", "").split(","))
+  assert modules <= checked | {"numpy"}, sorted(modules - checked)

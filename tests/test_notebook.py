@@ -57,6 +57,9 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
   difference = float(outputs.split("largest difference to maelm-jax:")[1].split()[0])
   assert difference < 1e-4
   assert "sentence vectors: (2, 128)" in outputs
+  # Each command's log streams into its cell, its first lines too (the cell
+  # printed only the last 14 lines once a run had ended).
+  assert outputs.count("tokenizer: read all") == 1 and "Training a 3000-piece" in outputs
 
   # The last cell is transformers only: it runs as it is under transformers 5.
   if not os.path.exists(TRANSFORMERS5_PYTHON):
