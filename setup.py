@@ -66,6 +66,8 @@ setup(
         # transformers on PyTorch (Colab has both; elsewhere pip picks the torch
         # build for the platform, a CUDA one on Linux unless told otherwise).
         "notebook": ["safetensors>=0.4", "torch", "transformers>=4.57"],
+        # Weights & Biases logging (--config.wandb_project; run/wandb_writer.py).
+        "wandb": ["wandb>=0.17"],
         # The tests load exports with transformers on PyTorch. torch==2.13.0 is the
         # CPU wheel only where pip finds that wheel (the CI machine has it locally;
         # elsewhere add --index-url https://download.pytorch.org/whl/cpu, or pip
@@ -76,8 +78,9 @@ setup(
         # tensorboardX: its Event protocol buffers read back the event files
         # the runs write (run/tensorboard_events.py).
         # gcp-storage-emulator: the gs:// tests' GCS, on 127.0.0.1.
+        # wandb: the W&B logging test, in its offline mode (tests/test_wandb.py).
         "test": [TPU, *GCS, "gcp-storage-emulator>=2024.8", "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5", "pytest-cov>=5.0",
-                 "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6",
+                 "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6", "wandb>=0.17",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  "scikit-learn>=1.4", "tensorboardX>=2.6"],
     },

@@ -61,6 +61,11 @@ def get_config(arg=None):
   # "A,B": a jax.profiler trace of steps A..B-1 into <workdir>/profile, for
   # TensorBoard's profile plugin, Perfetto or python -m maelm_jax.profiling.
   config.profile_steps = ""
+  # Weights & Biases: a project name logs the scalars, the config and the plots
+  # there too (pip install wandb; WANDB_MODE=offline writes them under the
+  # workdir). "": off. A resumed workdir continues its W&B run.
+  config.wandb_project = ""
+  config.wandb_entity = ""  # The W&B team or user; "": the logged-in default.
   config.weight_decay = 0.01  # AdamW's decoupled weight decay.
   # "matrices": AdamW decays kernels and embeddings, not biases nor LayerNorm
   # scales (BERT's rule); "all": every parameter (the MAE-LM release's fairseq).

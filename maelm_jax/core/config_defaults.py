@@ -52,7 +52,9 @@ ADDED_KEYS = {
     "relative_updates": False,  # Fine-tuning's LAMB-style relative updates: off.
     "lr_schedule_segments": (),
     "compilation_cache_dir": "auto",  # run/compilation_cache.py
-    "profile_steps": "",  # No trace.  # The schedule as planned (train_lib.continued_schedule).
+    "profile_steps": "",  # No trace.
+    "wandb_project": "",  # No W&B logging (run/wandb_writer.py).
+    "wandb_entity": "",
 }
 
 

@@ -41,3 +41,8 @@ def add_common_keys(config) -> None:
   # JAX's persistent compilation cache: "auto" ($JAX_COMPILATION_CACHE_DIR, else
   # ~/.cache/maelm_jax/jax), a directory, or "" (off). A restart skips compiling.
   config.compilation_cache_dir = "auto"
+  # Weights & Biases: a project name logs the scalars, the config and the plots
+  # there too (pip install wandb; WANDB_MODE=offline writes them under the
+  # workdir). "": off. A resumed workdir continues its W&B run.
+  config.wandb_project = ""
+  config.wandb_entity = ""  # The W&B team or user; "": the logged-in default.

@@ -52,6 +52,7 @@ from maelm_jax.modeling import attention
 from maelm_jax.run import (checkpoints, compilation_cache, config_lib, metric_writers,
                            plots, run_session, train_lib)
 from maelm_jax.run import pretrained as pretrained_lib
+from maelm_jax.run import wandb_writer
 from maelm_jax.finetune import heads, tasks
 from maelm_jax.finetune.tasks import GlueProblem, SquadProblem
 
@@ -98,6 +99,7 @@ def validate(config) -> None:
        f"dtype={config.dtype!r} must be '' (the pretrained model's), 'bfloat16' or "
        "'float32'")
   need(config.log_every >= 1, f"log_every={config.log_every} must be >= 1")
+  need(wandb_writer.problem(config) is None, wandb_writer.problem(config))
   if errors:
     raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))
 
@@ -454,7 +456,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       logging.info("epoch %d/%d (step %d): %s", epoch, config.num_epochs, step,
                    ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
       if is_main:
-        _plot(workdir, list(evaluation.metrics), results_name(config))
+        _plot(workdir, list(evaluation.metrics), results_name(config), session, step)
       save(step, epoch + 1, 0)
       timer, timed_examples = time.perf_counter(), 0
       if stop and epoch < config.num_epochs:  # Saved just above.
@@ -499,12 +501,15 @@ def results_name(config) -> str:
   return config.task if config.mode == "glue" else f"squad_v{config.version}"
 
 
-def _plot(workdir: str, metrics: list[str], task: str) -> None:
+def _plot(workdir: str, metrics: list[str], task: str, session, step: int) -> None:
   """The curves are a convenience: a failure to draw them never stops a run."""
   try:
     plots.plot_finetuning_curve(workdir, metrics, f"{task}: {workdir}")
   except Exception as error:  # pylint: disable=broad-except
     logging.warning("could not draw %s: %s", plots.FINETUNING_FILENAME, error)
+    return
+  session.writer.image(step, "finetuning_curve",
+                       os.path.join(workdir, plots.FINETUNING_FILENAME))
 
 
 def summary(workdir: str, results: dict, num_dev: int = 0) -> str:

@@ -15,6 +15,7 @@ import ml_collections
 from maelm_jax.modeling import attention, model as model_lib
 from maelm_jax.core import config_defaults as defaults
 from maelm_jax.modeling import relative_position
+from maelm_jax.run import wandb_writer
 from maelm_jax.core.config_defaults import ADDED_KEYS, SameAs  # noqa: F401 (re-exported)
 
 
@@ -328,6 +329,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     profile_steps(config)
   except ValueError as error:
     raise ValueError(str(error)) from None
+  need(wandb_writer.problem(config) is None, wandb_writer.problem(config))
   need(defaults.get(config, "total_flops") >= 0,
        f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
   need(config.warmup_steps >= 0,
@@ -357,7 +359,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 # Keys that may change when resuming a workdir: run length, cadence, hardware.
 RESUMABLE_CHANGES = frozenset({
     "total_steps", "total_flops", "lr_schedule_segments", "compilation_cache_dir",
-    "profile_steps",
+    "profile_steps", "wandb_project", "wandb_entity",
     "log_every", "eval_every", "eval_batches", "checkpoint_every",
     "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
@@ -394,6 +396,7 @@ def with_added_keys(saved: dict, current: dict) -> dict:
 # runs may change.
 FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
                                         "compilation_cache_dir",
+                                        "wandb_project", "wandb_entity",
                                         "start_over", "keep_final_checkpoint",
                                         "log_every", "attention_impl"})
 

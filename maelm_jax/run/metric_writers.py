@@ -1,4 +1,4 @@
-"""metrics.jsonl + TensorBoard + console, written by process 0 only."""
+"""metrics.jsonl + TensorBoard (+ W&B when asked) + console, written by process 0 only."""
 
 from __future__ import annotations
 
@@ -11,16 +11,22 @@ import shutil
 from absl import logging
 
 from maelm_jax.core import errors, workdir as workdir_lib
-from maelm_jax.run import tensorboard_events
+from maelm_jax.run import tensorboard_events, wandb_writer
 
 
 class MetricWriter:
 
-  def __init__(self, workdir: str, is_main: bool):
+  def __init__(self, workdir: str, is_main: bool, config=None):
     self.is_main = is_main
-    self._jsonl = self._tb = None
+    self._jsonl = self._tb = self._wandb = None
     if not is_main:
       return
+    if config is not None and wandb_writer.project(config):
+      try:
+        self._wandb = wandb_writer.WandbWriter(workdir, config)
+      except Exception as error:  # pylint: disable=broad-except
+        logging.warning("no W&B logging (%s: %s); metrics.jsonl and TensorBoard "
+                        "are written", type(error).__name__, error)
     self._jsonl = open(workdir_lib.metrics_path(workdir), "a")
     try:
       self._tb = tensorboard_events.EventFileWriter(os.path.join(workdir, "tensorboard"))
@@ -61,12 +67,35 @@ class MetricWriter:
         logging.warning("TensorBoard events stopped at step %d (%s: %s); "
                         "metrics.jsonl goes on", step, type(error).__name__, error)
         self._tb = None
+    self._to_wandb("the scalars", lambda run: run.write(step, metrics))
+
+  def image(self, step: int, key: str, path: str) -> None:
+    """A plot the run drew at `step` (`path`), for the trackers that show images
+    (W&B)."""
+    if self.is_main:
+      self._to_wandb(key, lambda run: run.image(step, key, path))
+
+  def _to_wandb(self, what: str, log) -> None:
+    if self._wandb is None:
+      return
+    try:
+      log(self._wandb)
+    except Exception as error:  # pylint: disable=broad-except
+      # A view of metrics.jsonl, as TensorBoard's events: never stops a run.
+      logging.warning("W&B logging stopped at %s (%s: %s); metrics.jsonl goes on",
+                      what, type(error).__name__, error)
+      self._wandb = None
 
   def close(self) -> None:
     if self._jsonl is not None:
       self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      try:
+        self._wandb.close()
+      except Exception as error:  # pylint: disable=broad-except
+        logging.warning("W&B run did not finish cleanly: %s", error)
 
 
 def _reopen_truncated(file, size: int):

@@ -115,7 +115,7 @@ class RunSession:
       # Records after the step the run goes on from are redone.
       metric_writers.truncate_jsonl(workdir_lib.metrics_path(workdir),
                                     restored_step or 0)
-    self.writer = metric_writers.MetricWriter(workdir, self.is_main)
+    self.writer = metric_writers.MetricWriter(workdir, self.is_main, config)
     if self.is_main:  # The tokenizer and config in the bucket before a checkpoint.
       storage.push(workdir)
     self.page_releaser = host_memory.FreePageReleaser()

@@ -164,13 +164,15 @@ def evaluate_baselines(config, model_cfg, train_source, tokenizer, eval_ds, mesh
   return out
 
 
-def _plot(workdir, config) -> None:
+def _plot(workdir, config, session, step) -> None:
   """The learning curve is a convenience: a failure to draw it never stops a run."""
   try:
     plots.plot_learning_curve(workdir, f"{config.model.objective} / "
                               f"{config.model.size}: {workdir}")
   except Exception as error:  # pylint: disable=broad-except
     logging.warning("could not draw %s: %s", plots.FILENAME, error)
+    return
+  session.writer.image(step, "learning_curve", os.path.join(workdir, plots.FILENAME))
 
 
 def _all_processes_have(flag: bool) -> bool:
@@ -452,7 +454,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
           logging.info(metric_writers.format_console(step, config.total_steps, last, eta))
           if evaluated:
             logging.info("step %d: %s", step, baselines.plateau_status(last))
-            _plot(workdir, config)
+            _plot(workdir, config, session, step)
         timer_start, timed_steps = time.perf_counter(), 0
 
       if session.stop_requested(step):
