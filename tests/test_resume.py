@@ -122,10 +122,11 @@ def test_sigterm_saves_at_the_next_step_and_exits_0(tmp_path, tokenizer_file,
 
 
 def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file):
-  """Issue 40's device calls (studies/gpu_grow.sh): a run stopped by SIGTERM on one
-  machine goes on on another that kept none of its files. Its workdir travels as
-  tar parts; its token ids are prepared again from the same text into the same
-  path. Unpacked there and resumed, it logs the uninterrupted run's losses."""
+  """A run grown across time-limited GPU slots (studies/gpu_grow.sh): stopped by
+  SIGTERM on one machine, it goes on on another that kept none of its files. Its
+  workdir travels as tar parts; its token ids are prepared again from the same
+  text into the same path. Unpacked there and resumed, it logs the uninterrupted
+  run's losses."""
   import lzma
   import shutil
   import tarfile
