@@ -1,7 +1,7 @@
 #!/bin/bash
-# Issue 40 in one device call (the device tool: one call of at most 10 minutes per
-# session, 64 MiB in, 8 files of 16 MiB out). Phases, each writing under $OUT as it
-# ends, so that a call cut short keeps what it measured:
+# Issue 40 in one GPU run with a time limit (TIME_LIMIT_S, 10 minutes at most
+# there; 64 MiB of inputs, 8 files of 16 MiB of results). Phases, each writing
+# under $OUT_DIR as it ends, so that a run cut short keeps what it measured:
 #   1a. the measured ceiling (an 8192^3 bf16 matrix product) and the pretraining
 #       shape SHAPE's train step (MLM and MAE-LM cross, length 128, batch
 #       TOKENS/128), whose FLOP rate sizes the pretraining budget below;
@@ -17,9 +17,9 @@
 # Needs, carried in ignored folders: .whl (grain, array_record, ml_collections,
 # portpicker, tensorboardX wheels for Python 3.12), .gpu/data/*.jsonl.xz (the text),
 # .gpu/tokenizer.model. Run from the repository root on the device:
-#   OUT=$OUT CALL_S=570 bash studies/gpu_call.sh
+#   OUT_DIR=$OUT_DIR TIME_LIMIT_S=570 bash studies/gpu_call.sh
 # A smoke test of the plumbing on a CPU (tiny shapes, seconds per phase):
-#   SMOKE=1 OUT=/tmp/smoke PY=.venv/bin/python bash studies/gpu_call.sh
+#   SMOKE=1 OUT_DIR=/tmp/smoke PY=.venv/bin/python bash studies/gpu_call.sh
 SHAPE=${SHAPE:-8x256}; TOKENS=${TOKENS:-65536}; SAFETY=${SAFETY:-0.75}
 STARTUP_S=${STARTUP_S:-45}; BRING_BACK_S=${BRING_BACK_S:-40}; LR=${LR:-1e-3}
 OBJECTIVES=${OBJECTIVES:-"mlm maelmx"}; WORKERS=${WORKERS:-10}; ATTN=auto
@@ -37,29 +37,29 @@ source studies/gpu_common.sh
 
 # Token ids first, on the CPU cores, while the GPU runs phase 1.
 ( $PY -m maelm_jax.prepare_data --source="text:$DATA" --out=/tmp/ids \
-    --tokenizer=$TOKENIZER --workers=8 > $OUT/logs/prepare.log 2>&1
+    --tokenizer=$TOKENIZER --workers=8 > $OUT_DIR/logs/prepare.log 2>&1
   echo $? > /tmp/prepare.rc ) &
 PREPARE=$!
 
 # ---------------------------------------------------------------- 1a, 1b
 tp shape 120 --sizes=$SHAPE --seq_lens=128 --objectives=mlm,maelm-cross \
     --tokens_per_batch=$TOKENS
-if [ ! -s $OUT/p1/shape.json ]; then  # The fused attention failed: the einsum instead.
+if [ ! -s $OUT_DIR/p1/shape.json ]; then  # The fused attention failed: the einsum instead.
   ATTN=xla; tp shape_xla 120 --sizes=$SHAPE --seq_lens=128 --objectives=mlm,maelm-cross \
       --tokens_per_batch=$TOKENS --attention_impls=xla
-  cp $OUT/p1/shape_xla.json $OUT/p1/shape.json
+  cp $OUT_DIR/p1/shape_xla.json $OUT_DIR/p1/shape.json
 fi
 tp base$LONG 150 --sizes=$BASE --seq_lens=$LONG --objectives=mlm,maelm,3ml-cross \
     --tokens_per_batch=$TOKENS --profile_dir=/tmp/profile --attention_impls=$ATTN
 for d in /tmp/profile/*; do
-  [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=10 >> $OUT/logs/profile.txt 2>&1
+  [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=10 >> $OUT_DIR/logs/profile.txt 2>&1
 done
 
 # ---------------------------------------------------------------- 2. pretraining
 wait $PREPARE; stamp "prepared rc=$(cat /tmp/prepare.rc)"
 N=$(echo $OBJECTIVES | wc -w)
 RUN_S=$(( ($(left) - BRING_BACK_S - 60) / N ))
-BUDGET_TFLOPS=$($PY - $OUT/p1/shape.json $SAFETY $((RUN_S - STARTUP_S)) <<'PYEOF'
+BUDGET_TFLOPS=$($PY - $OUT_DIR/p1/shape.json $SAFETY $((RUN_S - STARTUP_S)) <<'PYEOF'
 import json, sys
 rows = json.load(open(sys.argv[1]))["tables"]["bfloat16"]
 rates = [r["model_flops"] / r["step_s"] for r in rows]
@@ -85,16 +85,16 @@ for o in $OBJECTIVES; do
     3mlx) A="--config.model.objective=3ml --config.model.decoder_type=cross" ;;
     *) echo "OBJECTIVES: unknown $o"; exit 2 ;;
   esac
-  timeout -s TERM $RUN_S $C $A --workdir=/tmp/run_$o > $OUT/logs/run_$o.log 2>&1
+  timeout -s TERM $RUN_S $C $A --workdir=/tmp/run_$o > $OUT_DIR/logs/run_$o.log 2>&1
   stamp "run $o rc=$?"
-  cp /tmp/run_$o/metrics.jsonl $OUT/logs/metrics_$o.jsonl 2>/dev/null
-  cp /tmp/run_$o/config.json $OUT/logs/config_$o.json 2>/dev/null
+  cp /tmp/run_$o/metrics.jsonl $OUT_DIR/logs/metrics_$o.jsonl 2>/dev/null
+  cp /tmp/run_$o/config.json $OUT_DIR/logs/config_$o.json 2>/dev/null
 done
 
 # ---------------------------------------------------------------- bring back
 for o in $OBJECTIVES; do
-  $PY studies/slim_workdir.py /tmp/run_$o /tmp/slim_$o --dtype=bfloat16 >> $OUT/logs/slim.log 2>&1 &&
-    tar -C /tmp/slim_$o -cf - . | split -b 15M -d - $OUT/ckpt_$o.tar.part
+  $PY studies/slim_workdir.py /tmp/run_$o /tmp/slim_$o --dtype=bfloat16 >> $OUT_DIR/logs/slim.log 2>&1 &&
+    tar -C /tmp/slim_$o -cf - . | split -b 15M -d - $OUT_DIR/ckpt_$o.tar.part
 done
 stamp "brought back"
 
@@ -108,8 +108,8 @@ T=$(( $(left) - 20 ))
 T=$(( $(left) - 15 ))
 [ $T -gt 30 ] && timeout -s INT $T $PY benchmarks/input_pipeline.py --source="text:$DATA" \
     --tokenizer=$TOKENIZER --seq_lens=128,512 --workers=8,15 --seconds=8 \
-    > $OUT/logs/input_pipeline.log 2>&1
+    > $OUT_DIR/logs/input_pipeline.log 2>&1
 stamp done
 # Few files come back (8): everything but the checkpoints in one archive.
-tar -C $OUT -cJf $OUT/results.tar.xz p1 logs && rm -r $OUT/p1 $OUT/logs
-ls -la $OUT
+tar -C $OUT_DIR -cJf $OUT_DIR/results.tar.xz p1 logs && rm -r $OUT_DIR/p1 $OUT_DIR/logs
+ls -la $OUT_DIR

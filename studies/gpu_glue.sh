@@ -15,17 +15,17 @@
 #                                 SRC .glue/enc/NAME --dtype=bfloat16 makes one)
 #   .glue/done/ (optional)        glue_runs.tar.xz of an earlier call: its finished
 #                                 runs are skipped (the same paths, the same configs)
-# For example, the baseline and one variant a knob probe brought back this session
-# (nothing of a call outlives its session, so a session scores what it makes):
+# For example, the baseline and one variant a knob probe brought back (score them
+# before the machine that holds them goes):
 #   bash studies/prepare_carry.sh glue
 #   cat knobs.tar.part* | tar -C .glue/enc -xf - ./base ./geglu
-# On the device, from the repository root (ROOFLINE_S=0 leaves out phase 0 when the
-# call has only what a session's first call left):
-#   OUT=$OUT CALL_S=560 bash studies/gpu_glue.sh
+# On the GPU machine, from the repository root (ROOFLINE_S=0 leaves out phase 0
+# when little of the time limit is left):
+#   OUT_DIR=/path/to/results TIME_LIMIT_S=560 bash studies/gpu_glue.sh
 # Then here: tar -xJf glue_runs.tar.xz -C DIR; the scores are DIR/<name>/<task>/scores.json,
-# merged in $OUT/glue.json (studies/encoder_rows.py --scores reads it).
+# merged in $OUT_DIR/glue.json (studies/encoder_rows.py --scores reads it).
 # A smoke test on a CPU (one rate, 2 steps of data, 2 processes at a time):
-#   SMOKE=1 OUT=/tmp/glue_smoke PY=.venv/bin/python bash studies/gpu_glue.sh
+#   SMOKE=1 OUT_DIR=/tmp/glue_smoke PY=.venv/bin/python bash studies/gpu_glue.sh
 GLUE=${GLUE:-.glue}; RUNS=${RUNS:-/tmp/glue_runs}; ENC=${ENC:-/tmp/glue_enc}
 BRING_BACK_S=${BRING_BACK_S:-30}; TASKS=${TASKS:-"sst2 qnli cola"}
 CONFIG=configs/compare.py:size=tiny; PARALLEL=${PARALLEL:-16}; ROOFLINE_S=${ROOFLINE_S:-150}
@@ -47,7 +47,7 @@ for objective in mlm maelm; do
   [ $limit -gt 20 ] || break
   timeout -s INT -k 10 $limit $PY benchmarks/roofline_check.py $ROOFLINE \
       --config=configs/pretrain.py:objective=$objective,size=$RSIZE \
-      --json=$OUT/roofline.jsonl >> $OUT/logs/roofline.log 2>&1
+      --json=$OUT_DIR/roofline.jsonl >> $OUT_DIR/logs/roofline.log 2>&1
   stamp "roofline $objective rc=$?"
 done
 
@@ -59,7 +59,7 @@ rm -rf $ENC $RUNS && mkdir -p $ENC $RUNS
 NAMES=$(ls $GLUE/enc)
 for name in $NAMES; do
   $PY studies/slim_workdir.py $GLUE/enc/$name $ENC/$name --dtype=float32 \
-      >> $OUT/logs/widen.log 2>&1 || stamp "widening $name failed"
+      >> $OUT_DIR/logs/widen.log 2>&1 || stamp "widening $name failed"
 done
 [ -d $GLUE/done ] && for f in $GLUE/done/*.tar.xz; do tar -xJf $f -C $RUNS; done
 find $RUNS -name .lock -delete  # (a run killed on another host left its lock)
@@ -83,7 +83,7 @@ for name in $NAMES; do
     XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM timeout -k 20 -s TERM $run_s \
       $PY studies/score_encoders.py --out=$RUNS/$name/$task --config=$CONFIG \
       --encoders=$name=$ENC/$name --glue_dir=$GLUE/data --tasks=$task --blimp_dir= \
-      > $OUT/logs/${name}_$task.log 2>&1 &
+      > $OUT_DIR/logs/${name}_$task.log 2>&1 &
     running=$((running + 1))
     if [ $running -ge $PARALLEL ]; then wait -n; running=$((running - 1)); fi
   done
@@ -94,7 +94,7 @@ stamp "fine-tuned: $(find $RUNS -name eval_results.json | wc -l) runs finished"
 # ---------------------------------------------------------------- bring back
 # The scores merged per encoder, and every run's results without checkpoints (a
 # later call carries them in as .glue/done and skips them).
-$PY - $RUNS $OUT/glue.json <<'EOF'
+$PY - $RUNS $OUT_DIR/glue.json <<'EOF'
 import json, pathlib, sys
 runs, merged = pathlib.Path(sys.argv[1]), {}
 for path in sorted(runs.glob("*/*/scores.json")):
@@ -105,7 +105,7 @@ pathlib.Path(sys.argv[2]).write_text(json.dumps(merged, indent=1))
 print(json.dumps(merged))
 EOF
 tar -C $RUNS --exclude=checkpoints --exclude=tensorboard --exclude=glue \
-    --exclude=glue_select --exclude="*.png" --exclude=.lock -cJf $OUT/glue_runs.tar.xz .
-stamp "brought back $(du -h $OUT/glue_runs.tar.xz | cut -f1)"
-tar -C $OUT -cJf $OUT/results.tar.xz logs && rm -r $OUT/logs $OUT/p1 2>/dev/null
-ls -la $OUT
+    --exclude=glue_select --exclude="*.png" --exclude=.lock -cJf $OUT_DIR/glue_runs.tar.xz .
+stamp "brought back $(du -h $OUT_DIR/glue_runs.tar.xz | cut -f1)"
+tar -C $OUT_DIR -cJf $OUT_DIR/results.tar.xz logs && rm -r $OUT_DIR/logs $OUT_DIR/p1 2>/dev/null
+ls -la $OUT_DIR

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Issue 40 in one device call, the kind that repeats: Part 1's next levers at
+# Issue 40 in one GPU run, the kind that repeats: Part 1's next levers at
 # `base`/512 side by side, then one encoder that grows across calls (Part 2:
-# "accumulate compute across runs"). Phases, each writing under $OUT as it ends:
+# "accumulate compute across runs"). Phases, each writing under $OUT_DIR as it ends:
 #   1. `base`/512, bf16, dropout 0, the fastest attention, batch 128, the default
 #      unrolled layers: MLM, MAE-LM and 3ML (cross) in one process, so their step
 #      ratios compare on one machine; then the pretraining shape (8 x 128 at 128) of
@@ -28,10 +28,10 @@
 # so that text + the 36 MB state + code + wheels fit the 64 MiB a call takes in),
 # tokenizer.model, parts/ (after the first call). On the device, from the repository
 # root:
-#   OUT=$OUT CALL_S=570 bash studies/gpu_grow.sh
+#   OUT_DIR=/path/to/results TIME_LIMIT_S=570 bash studies/gpu_grow.sh
 # A smoke test on a CPU (tiny shapes; run it twice: the second run resumes from the
-# first one's parts, moved into .grow/parts as the next call would carry them):
-#   SMOKE=1 OUT=/tmp/smoke PY=.venv/bin/python GROW=/tmp/smoke_grow bash studies/gpu_grow.sh
+# first one's parts, moved into .grow/parts as the next run would find them):
+#   SMOKE=1 OUT_DIR=/tmp/smoke PY=.venv/bin/python GROW=/tmp/smoke_grow bash studies/gpu_grow.sh
 GROW_TFLOPS=${GROW_TFLOPS:-24000}; BRING_BACK_S=${BRING_BACK_S:-40}
 TAIL_S=${TAIL_S:-45}; WORKERS=${WORKERS:-8}; GROW=${GROW:-.grow}
 IDS=${IDS:-/tmp/ids}; RUN=${RUN:-/tmp/grow}  # (the same paths in every call)
@@ -49,7 +49,7 @@ source studies/gpu_common.sh
 
 # Token ids on the CPU cores while the GPU runs phase 1.
 ( $PY -m maelm_jax.prepare_data --source="text:$GROW/data/*.jsonl.xz" --out=$IDS \
-    --tokenizer=$GROW/tokenizer.model --workers=$WORKERS > $OUT/logs/prepare.log 2>&1
+    --tokenizer=$GROW/tokenizer.model --workers=$WORKERS > $OUT_DIR/logs/prepare.log 2>&1
   echo $? > /tmp/prepare.rc ) &
 PREPARE=$!
 
@@ -57,7 +57,7 @@ PREPARE=$!
 if [ "${LEVERS:-1}" = 1 ]; then
   tp base512 $((LIMIT + 40)) $A --objectives=mlm,maelm,3ml-cross --profile_dir=/tmp/profile
   for d in /tmp/profile/*; do
-    [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=12 >> $OUT/logs/profile.txt 2>&1
+    [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=12 >> $OUT_DIR/logs/profile.txt 2>&1
   done
   tp shape128 $LIMIT $S --objectives=mlm,maelm-cross
 fi
@@ -85,7 +85,7 @@ grow() {  # grow ATTENTION_IMPL LOG: the run until its share of the call.
     --config.data.num_workers=$WORKERS --config.eval_every=$EVAL_EVERY --config.eval_batches=20 \
     --config.log_every=$LOG_EVERY --config.checkpoint_every=$EVAL_EVERY \
     --config.keep_checkpoints=1 --config.total_flops=${GROW_TFLOPS}e12 \
-    --workdir=$RUN > $OUT/logs/$2 2>&1
+    --workdir=$RUN > $OUT_DIR/logs/$2 2>&1
   local rc=$?
   stamp "grow ($1) rc=$rc at step $(ls $RUN/checkpoints 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)"
   return $rc
@@ -99,17 +99,17 @@ if [ $RC -ne 0 ] && [ $RC -ne 124 ] && [ $(( $(left) - BRING_BACK_S - TAIL_S )) 
   rm -f $RUN/.lock
   grow xla grow_xla.log
 fi
-cp $RUN/metrics.jsonl $OUT/logs/grow_metrics.jsonl 2>/dev/null
+cp $RUN/metrics.jsonl $OUT_DIR/logs/grow_metrics.jsonl 2>/dev/null
 rm -f $RUN/.lock
-tar -C $RUN -cf - . | split -b 15M -d - $OUT/grow.tar.part
-stamp "brought back: $(ls $OUT | grep -c grow.tar.part) parts"
+tar -C $RUN -cf - . | split -b 15M -d - $OUT_DIR/grow.tar.part
+stamp "brought back: $(ls $OUT_DIR | grep -c grow.tar.part) parts"
 
 # ---------------------------------------------------------------- 3. input pipeline
 T=$(( $(left) - 10 ))
 [ $T -gt 20 ] && timeout -s INT -k 5 $T $PY benchmarks/input_pipeline.py \
     --source="text:$GROW/data/*.jsonl.xz" --tokenizer=$GROW/tokenizer.model \
-    --seq_lens=128,512 --workers=8,15 --seconds=8 > $OUT/logs/input_pipeline.log 2>&1
+    --seq_lens=128,512 --workers=8,15 --seconds=8 > $OUT_DIR/logs/input_pipeline.log 2>&1
 stamp done
 # Few files come back (8): everything but the parts in one archive.
-tar -C $OUT -cJf $OUT/results.tar.xz p1 logs && rm -r $OUT/p1 $OUT/logs
-ls -la $OUT
+tar -C $OUT_DIR -cJf $OUT_DIR/results.tar.xz p1 logs && rm -r $OUT_DIR/p1 $OUT_DIR/logs
+ls -la $OUT_DIR

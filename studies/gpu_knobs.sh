@@ -26,12 +26,12 @@
 #   mkdir -p .knobs/blimp && for f in ../shared/data/blimp/*.jsonl; do
 #     head -200 $f > .knobs/blimp/$(basename $f); done
 # On the device, from the repository root:
-#   OUT=$OUT CALL_S=560 bash studies/gpu_knobs.sh
+#   OUT_DIR=$OUT_DIR TIME_LIMIT_S=560 bash studies/gpu_knobs.sh
 # A smoke test on a CPU (tiny shapes, a few pairs):
-#   SMOKE=1 OUT=/tmp/knobs_smoke PY=.venv/bin/python bash studies/gpu_knobs.sh
+#   SMOKE=1 OUT_DIR=/tmp/knobs_smoke PY=.venv/bin/python bash studies/gpu_knobs.sh
 # The probe at the CPU study's scale (2 x 128, 15 TFLOP each, 29 minutes of
 # 2 cores; studies/RESULTS.md, "The BabyLM knobs"):
-#   CPU=1 OUT=/tmp/knobs_cpu PY=.venv/bin/python CALL_S=9000 bash studies/gpu_knobs.sh
+#   CPU=1 OUT_DIR=/tmp/knobs_cpu PY=.venv/bin/python TIME_LIMIT_S=9000 bash studies/gpu_knobs.sh
 KNOB_TFLOPS=${KNOB_TFLOPS:-1200}; BLIMP_S=${BLIMP_S:-150}; BRING_BACK_S=${BRING_BACK_S:-40}
 VARIANTS=${VARIANTS:-"base geglu normformer decay lamb3 lamb10"}
 GROW=${GROW:-.grow}; BLIMP=${BLIMP:-.knobs/blimp}; IDS=${IDS:-/tmp/knob_ids}
@@ -66,7 +66,7 @@ flags() {  # The variant's own overrides.
 }
 
 $PY -m maelm_jax.prepare_data --source="text:$GROW/data/*.jsonl.xz" --out=$IDS \
-    --tokenizer=$GROW/tokenizer.model --workers=8 > $OUT/logs/prepare.log 2>&1
+    --tokenizer=$GROW/tokenizer.model --workers=8 > $OUT_DIR/logs/prepare.log 2>&1
 stamp "prepared rc=$?"
 
 # ---------------------------------------------------------------- the variants
@@ -85,12 +85,12 @@ for v in $VARIANTS; do
     --config.data.num_workers=$WORKERS --config.eval_every=$EVAL_EVERY \
     --config.eval_batches=20 --config.log_every=100 --config.checkpoint_every=100000 \
     --config.keep_checkpoints=1 --config.total_flops=${KNOB_TFLOPS}e12 \
-    --config.seed=${SEED:-0} $(flags $v) --workdir=$RUNS/$v > $OUT/logs/$v.log 2>&1 &
+    --config.seed=${SEED:-0} $(flags $v) --workdir=$RUNS/$v > $OUT_DIR/logs/$v.log 2>&1 &
 done
 wait
 for v in $VARIANTS; do
-  cp $RUNS/$v/metrics.jsonl $OUT/logs/${v}_metrics.jsonl 2>/dev/null
-  cp $RUNS/$v/config.json $OUT/logs/${v}_config.json 2>/dev/null
+  cp $RUNS/$v/metrics.jsonl $OUT_DIR/logs/${v}_metrics.jsonl 2>/dev/null
+  cp $RUNS/$v/config.json $OUT_DIR/logs/${v}_config.json 2>/dev/null
   stamp "$v: $(tail -1 $RUNS/$v/metrics.jsonl 2>/dev/null | cut -c1-200)"
 done
 
@@ -98,17 +98,17 @@ done
 WORKDIRS=$(for v in $VARIANTS; do [ -d $RUNS/$v/checkpoints ] && printf "%s," $RUNS/$v; done)
 timeout -s INT $(( $(left) - BRING_BACK_S )) $PY -m maelm_jax.blimp \
     --workdir=${WORKDIRS%,} --data=$BLIMP --max_pairs=$PAIRS --ngram_tokens=0 \
-    --out=$OUT/blimp > $OUT/logs/blimp.log 2>&1
-stamp "blimp rc=$? $(ls $OUT/blimp 2>/dev/null | tr '\n' ' ')"
+    --out=$OUT_DIR/blimp > $OUT_DIR/logs/blimp.log 2>&1
+stamp "blimp rc=$? $(ls $OUT_DIR/blimp 2>/dev/null | tr '\n' ' ')"
 
 # ---------------------------------------------------------------- bring back
 mkdir -p /tmp/knob_slim
 for v in $VARIANTS; do
   [ -d $RUNS/$v/checkpoints ] && $PY studies/slim_workdir.py $RUNS/$v /tmp/knob_slim/$v \
-      --dtype=bfloat16 >> $OUT/logs/slim.log 2>&1
+      --dtype=bfloat16 >> $OUT_DIR/logs/slim.log 2>&1
 done
-tar -C /tmp/knob_slim -cf - . | split -b 15M -d - $OUT/knobs.tar.part
-stamp "brought back: $(ls $OUT | grep -c knobs.tar.part) parts"
-tar -C $OUT -cJf $OUT/results.tar.xz logs $(ls -d $OUT/blimp 2>/dev/null | xargs -r basename) &&
-  rm -r $OUT/logs $OUT/p1 $OUT/blimp 2>/dev/null
-ls -la $OUT
+tar -C /tmp/knob_slim -cf - . | split -b 15M -d - $OUT_DIR/knobs.tar.part
+stamp "brought back: $(ls $OUT_DIR | grep -c knobs.tar.part) parts"
+tar -C $OUT_DIR -cJf $OUT_DIR/results.tar.xz logs $(ls -d $OUT_DIR/blimp 2>/dev/null | xargs -r basename) &&
+  rm -r $OUT_DIR/logs $OUT_DIR/p1 $OUT_DIR/blimp 2>/dev/null
+ls -la $OUT_DIR

@@ -7,14 +7,14 @@
 # saves). With PREPARE=1 the text is first turned into a token-id corpus (prepare_data
 # --tokenizer), so that no grain worker tokenizes during training. Then BLiMP
 # (BLIMP_PAIRS per paradigm) of each newest checkpoint and of the kept one nearest half
-# way, and the newest params come back as tar parts under $OUT (studies/slim_workdir.py)
+# way, and the newest params come back as tar parts under $OUT_DIR (studies/slim_workdir.py)
 # with the logs, for fine-tuning on any machine with studies/score_encoders.py.
 # DTYPE is bfloat16 here: configs/compare.py keeps tiny in float32 for 2 CPU cores, and
 # both measurements below ran so on the GPU, at ~9-13 TFLOP/s per run (about 1% MFU).
 # Run from the repository root:
 #   DATA='/data/imdb/*.jsonl.xz,/data/wiki/*.jsonl.xz' TOKENIZER=/work/study/tokenizer/tokenizer.model \
 #     OBJECTIVES="mlm maelmx 3mlx" BATCH=256 PREPARE=1 BLIMP=/data/blimp RUN_S=360 \
-#     OUT=/tmp/out bash studies/gpu_pretrain.sh
+#     OUT_DIR=/tmp/out bash studies/gpu_pretrain.sh
 # The measurements in RESULTS ran with DTYPE=float32 and the earlier probe (see below):
 #   first: OBJECTIVES="mlm maelmx" BATCH=128 PREPARE=0 RUN_S=300 SAFETY=1 RUN_GRACE=120
 #   second: OBJECTIVES="mlm maelmx 3mlx" BATCH=256 PREPARE=1 WORKERS=4 RUN_S=360 SAFETY=0.8
@@ -24,7 +24,7 @@ PROBE_S=${PROBE_S:-150}; PY=${PY:-python3}; BATCH=${BATCH:-128}; DTYPE=${DTYPE:-
 OBJECTIVES=${OBJECTIVES:-"mlm maelmx"}; PREPARE=${PREPARE:-0}; WORKERS=${WORKERS:-6}
 DATA=${DATA:-.gpu/data/*.jsonl.xz}; TOKENIZER=${TOKENIZER:-.gpu/tokenizer.model}
 BLIMP=${BLIMP:-}; BLIMP_PAIRS=${BLIMP_PAIRS:-200}; BLIMP_S=${BLIMP_S:-240}
-OUT=${OUT:-/tmp/gpu_out}; mkdir -p $OUT $OUT/logs
+OUT_DIR=${OUT_DIR:-/tmp/gpu_out}; mkdir -p $OUT_DIR $OUT_DIR/logs
 export PYTHONUNBUFFERED=1
 # Every run's share of GPU memory, so that all of them fit side by side.
 N=$(echo $OBJECTIVES | wc -w)
@@ -32,13 +32,13 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION=$($PY -c "print(round(0.9 / $N, 2))")
 for o in $OBJECTIVES; do
   case $o in mlm|maelm|maelmx|3ml|3mlx) ;; *) echo "OBJECTIVES: unknown $o (mlm maelm maelmx 3ml 3mlx)"; exit 2 ;; esac
 done
-stamp() { echo "$(date +%T) $*" | tee -a $OUT/logs/timeline.txt; }
+stamp() { echo "$(date +%T) $*" | tee -a $OUT_DIR/logs/timeline.txt; }
 
 stamp start
 SOURCE="text:$DATA"
 if [ "$PREPARE" = 1 ]; then
   $PY -m maelm_jax.prepare_data --source="text:$DATA" --out=/tmp/ids --tokenizer=$TOKENIZER \
-    --workers=$(nproc) > $OUT/logs/prepare.log 2>&1 || { stamp "prepare failed"; tail $OUT/logs/prepare.log; exit 1; }
+    --workers=$(nproc) > $OUT_DIR/logs/prepare.log 2>&1 || { stamp "prepare failed"; tail $OUT_DIR/logs/prepare.log; exit 1; }
   SOURCE="arrayrecord:/tmp/ids"
   stamp prepared
 fi
@@ -62,7 +62,7 @@ args() {  # The keys that make each objective, as configs/compare.py's OBJECTIVE
 if [ -z "${BUDGET_TFLOPS:-}" ]; then
   for o in $OBJECTIVES; do
     ( timeout -s TERM $PROBE_S $C $(args $o) --workdir=/tmp/probe_$o --config.total_flops=1e18 \
-        --config.checkpoint_every=100000 --config.log_every=${PROBE_LOG_EVERY:-50} > $OUT/logs/probe_$o.log 2>&1 ) &
+        --config.checkpoint_every=100000 --config.log_every=${PROBE_LOG_EVERY:-50} > $OUT_DIR/logs/probe_$o.log 2>&1 ) &
   done
   wait; stamp probed
   BUDGET_TFLOPS=$($PY - $OBJECTIVES <<PYEOF
@@ -77,19 +77,19 @@ for o in sys.argv[1:]:
     fps = c["total_flops"] / c["total_steps"]
     rates.append(fps * sps)
     print(o, len(tps), "windows; steps/s", round(sps, 1), "TFLOP/s",
-          round(fps * sps / 1e12, 2), file=open("$OUT/logs/probe.txt", "a"))
+          round(fps * sps / 1e12, 2), file=open("$OUT_DIR/logs/probe.txt", "a"))
 print(round(min(rates) * $SAFETY * $RUN_S / 1e12, 1))
 PYEOF
 )
 fi
-stamp "budget ${BUDGET_TFLOPS} TFLOP per objective" | tee -a $OUT/logs/probe.txt
+stamp "budget ${BUDGET_TFLOPS} TFLOP per objective" | tee -a $OUT_DIR/logs/probe.txt
 
 # ---------------------------------------------------------------- pretraining
 for o in $OBJECTIVES; do
   ( timeout -s TERM $((RUN_S + RUN_GRACE)) $C $(args $o) --workdir=/tmp/gpu_$o \
       --config.total_flops=${BUDGET_TFLOPS}e12 --config.checkpoint_every=1000 \
       --config.keep_checkpoints=1 --config.checkpoint_keep_period=2000 \
-      > $OUT/logs/run_$o.log 2>&1 ) &
+      > $OUT_DIR/logs/run_$o.log 2>&1 ) &
 done
 wait; stamp pretrained
 
@@ -104,17 +104,17 @@ s = checkpoints.committed_steps('/tmp/gpu_$o'); print(min(s, key=lambda k: abs(k
       STEP=""; [ $which = half ] && STEP="--step=$HALF"
       ( timeout $BLIMP_S $PY -m maelm_jax.blimp --workdir=/tmp/gpu_$o --data=$BLIMP $STEP \
           --max_pairs=$BLIMP_PAIRS --ngram_tokens=0 --out=/tmp/blimp_${o}_$which \
-          > $OUT/logs/blimp_${o}_$which.log 2>&1 ) &
+          > $OUT_DIR/logs/blimp_${o}_$which.log 2>&1 ) &
     done
   done
   wait; stamp "BLiMP scored"
-  for d in /tmp/blimp_*; do [ -f $d/blimp.json ] && cp $d/blimp.json $OUT/logs/$(basename $d).json; done
+  for d in /tmp/blimp_*; do [ -f $d/blimp.json ] && cp $d/blimp.json $OUT_DIR/logs/$(basename $d).json; done
 fi
 
 # ---------------------------------------------------------------- bring back
 for o in $OBJECTIVES; do
-  $PY studies/slim_workdir.py /tmp/gpu_$o /tmp/slim_$o >> $OUT/logs/slim.log 2>&1 &&
-    tar -C /tmp/slim_$o -cf - . | split -b 15M -d - $OUT/ckpt_$o.tar.part
+  $PY studies/slim_workdir.py /tmp/gpu_$o /tmp/slim_$o >> $OUT_DIR/logs/slim.log 2>&1 &&
+    tar -C /tmp/slim_$o -cf - . | split -b 15M -d - $OUT_DIR/ckpt_$o.tar.part
 done
 stamp done
-tar -C $OUT -cJf $OUT/logs.tar.xz logs && rm -r $OUT/logs; ls -la $OUT
+tar -C $OUT_DIR -cJf $OUT_DIR/logs.tar.xz logs && rm -r $OUT_DIR/logs; ls -la $OUT_DIR

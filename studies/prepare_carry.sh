@@ -1,9 +1,9 @@
 #!/bin/bash
-# The ignored folders that issue 40's device calls carry in, made on this machine
-# from ../shared/data and PyPI. None of them survives a session: a new session's
-# machine holds only what has landed on main (on 2026-11-28 the first call's 8 x 256
-# encoders and the grow run's state were gone with the machine that brought them
-# back). So a session lent a device runs this first, at no device time:
+# The ignored folders that issue 40's GPU runs read beside the checkout, made on
+# a CPU machine from the shared data and PyPI. A fresh machine holds only what is
+# in the repository (on 2026-11-28 the first run's 8 x 256 encoders and the grow
+# run's state were gone with the machine that brought them back), so this runs
+# first, before the GPU's time limit starts:
 #   bash studies/prepare_carry.sh whl grow knobs glue      # 48 s on 2 cores
 # and every folder is made again the same way (the tokenizer is seeded: the same
 # text gives the same pieces):
