@@ -127,7 +127,7 @@ def test_layer_representations_of_a_model_with_known_rank(ln_type):
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, tokenizer_file):
-  """A one-step tiny MLM pretraining workdir on the pydoc corpus (the session's
+  """A one-step tiny MLM pretraining workdir on the pydoc corpus (the test run's
   tokenizer: none trained here)."""
   from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   workdir = tmp_path_factory.mktemp("analyze") / "tiny_mlm"

@@ -194,7 +194,7 @@ def test_read_pairs_names_bad_files(tmp_path):
 @pytest.fixture(scope="module")
 def workdirs(tmp_path_factory, tokenizer_file):
   """One-step tiny MLM and MAE-LM pretraining workdirs on the pydoc corpus (the
-  session's tokenizer: none trained here)."""
+  test run's tokenizer: none trained here)."""
   from maelm_jax.run import train  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("blimp")
   made = []
