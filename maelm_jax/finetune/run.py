@@ -174,8 +174,7 @@ def abstract_state(model: nn.Module, max_seq_len: int, tx, mesh):
   """The fine-tuning state's shapes and shardings, nothing allocated and nothing
   read (what resume restores into). Returns (abstract_state, state_shardings)."""
   init_boxed, init = _state_init(model, max_seq_len, tx)
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
-      attention.kernel_mesh(mesh):
+  with attention.kernel_mesh(mesh):
     backbone = nn.meta.unbox(jax.eval_shape(init_boxed, jax.random.PRNGKey(0)))["backbone"]
   return train_lib.state_layout(init_boxed, init, tx, mesh, backbone)
 

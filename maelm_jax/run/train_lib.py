@@ -249,9 +249,11 @@ def state_layout(init_boxed_params, init_state, tx, mesh, *init_args):
   Returns (abstract_state with shardings, state_shardings).
   """
   # Under the kernel mesh, as the steps are: init traces attention too, and its
-  # kernel rules are the mesh's platform's (plan.py traces for TPU on a CPU).
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
-      attention.kernel_mesh(mesh):
+  # kernel rules are the mesh's platform's (plan.py traces for TPU on a CPU). No
+  # mesh context: the shardings come from the parameters' logical names and the
+  # rules, given explicitly below (and flax's DenseGeneral boxes a flattened
+  # kernel that a set mesh would reject: P('fsdp', 'tensor', None), rank 2).
+  with attention.kernel_mesh(mesh):
     abstract_boxed = jax.eval_shape(init_boxed_params, jax.random.PRNGKey(0))
     param_specs = nn.get_partition_spec(abstract_boxed)
     abstract = jax.eval_shape(init_state, jnp.uint32(0), *init_args)
@@ -272,8 +274,7 @@ def build_state(init_state, shardings, mesh, seed: int, *init_args):
   `shardings`, so each device creates only its own shards and no parameter is
   ever whole on one device. `init_args` must already be placed (their shardings
   are kept)."""
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES), \
-      attention.kernel_mesh(mesh):
+  with attention.kernel_mesh(mesh):
     return jax.jit(init_state, out_shardings=shardings)(jnp.uint32(seed), *init_args)
 
 
