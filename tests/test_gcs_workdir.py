@@ -178,10 +178,7 @@ def test_the_store_gone_mid_run_one_line_nothing_lost_the_same_command_resumes(
   assert len(errors) == 1, stderr[-3000:]
   assert f"{BUCKET} stopped answering" in errors[0] and "Nothing was lost" in errors[0]
   assert "run the same command" in errors[0]
-  open("/tmp/outage_stderr1.txt", "w").write(stderr)
-  print("STEPS", checkpoints.step_dirs(workdir), storage.listdir(workdir))
   out = run(emulator, workdir, tokenizer_file)
-  open("/tmp/outage_stderr2.txt", "w").write(out.stderr)
   assert "resumed from" in out.stderr
   assert_same_run(workdir, local_reference)
 
