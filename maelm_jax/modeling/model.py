@@ -231,6 +231,10 @@ def _residual_out_init(cfg):
 
 
 def _constrain(x, axes):
+  # A no-op unless traced under `nn.logical_axis_rules` and a mesh. The steps
+  # (train_lib.jit_steps) are traced under neither today: the train step holds no
+  # sharding constraint, and XLA propagates the activations' shardings from the
+  # parameters' and the batch's.
   return nn.with_logical_constraint(x, axes)
 
 
