@@ -58,7 +58,7 @@ setup(
         # NVIDIA GPUs: jax's CUDA wheels (CUDA 12 or 13, as the driver allows).
         "cuda12": ["jax[cuda12]"],
         "cuda13": ["jax[cuda13]"],
-        # python -m maelm_jax.export_hf and import_hf (safetensors files). The
+        # python -m maelm_jax.interop.export_hf and import_hf (safetensors files). The
         # parity checks (import_hf --check, import_fairseq) also need torch and
         # transformers, which a user installs for their platform.
         "export": ["safetensors>=0.4"],

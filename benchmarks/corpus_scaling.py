@@ -61,7 +61,7 @@ def build_inputs(wikipedia: str, scratch: pathlib.Path, scales: list[int]) -> No
 def prepare(scratch: pathlib.Path, k: int, workers: int, tokenizer: str | None,
             tag: str) -> dict:
   out = scratch / f"{tag}_{k}x"
-  cmd = [sys.executable, "-m", "maelm_jax.prepare_data",
+  cmd = [sys.executable, "-m", "maelm_jax.data.prepare_data",
          f"--source=text:{scratch}/in_{k}x/*.jsonl", f"--out={out}",
          f"--workers={workers}"] + ([f"--tokenizer={tokenizer}"] if tokenizer else [])
   started = time.monotonic()

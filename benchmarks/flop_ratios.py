@@ -5,7 +5,7 @@ r"""Training FLOPs per step of MAE-LM and 3ML relative to MLM, by the FLOP model
   python benchmarks/flop_ratios.py --sizes=tiny --num_layers=2,4,8,12   # deeper tiny
 
 Each objective at its config's defaults (`configs/pretrain.py`: mask ratio,
-decoder depth per size) and `maelm_jax.flops.train_flops_per_step`: matmuls, 3x
+decoder depth per size) and `maelm_jax.modeling.flops.train_flops_per_step`: matmuls, 3x
 forward. Below 1.00x an objective is cheaper per step than MLM; the papers'
 "RoBERTa quality at 78% / 68% of the compute" needs 0.78x / 0.68x per token seen.
 No model is built and nothing runs: seconds on any machine.

@@ -30,7 +30,7 @@ ab old .gpu/old/benchmarks/train_throughput.py --objectives=mlm
 ab nobias benchmarks/train_throughput.py --objectives=mlm --config.model.relative_position_bias=False
 XLA_FLAGS=--xla_gpu_enable_command_buffer= ab profile benchmarks/train_throughput.py \
     --objectives=mlm --profile_dir=/tmp/profile
-for d in /tmp/profile/*; do $PY -m maelm_jax.profiling $d --top=12 >> $OUT_DIR/profile.txt 2>&1; done
+for d in /tmp/profile/*; do $PY -m maelm_jax.tools.profiling $d --top=12 >> $OUT_DIR/profile.txt 2>&1; done
 tail -4 $OUT_DIR/profile.txt
 # Few files come back (8): all in one archive.
 (cd $OUT_DIR && tar -cJf ab.tar.xz *.json *.md *.log profile.txt && rm -f *.json *.md *.log profile.txt)

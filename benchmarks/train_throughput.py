@@ -11,7 +11,7 @@ table into `benchmarks/RESULTS.md` between `<!-- throughput:start -->` and
 
 On a GPU or TPU, the same script (bf16, the fused attention against the einsum,
 scanned layers, and a profile of 3 steps of each objective of the last cell, whose
-most expensive op kinds it prints and writes beside the table, `maelm_jax.profiling`):
+most expensive op kinds it prints and writes beside the table, `maelm_jax.tools.profiling`):
 
   python benchmarks/train_throughput.py --sizes=small,base --seq_lens=128,512 \
       --objectives=mlm,maelm,3ml-cross --dtype=bfloat16 --attention_impls=xla,auto \
@@ -566,7 +566,7 @@ def format_section(args, info, tables, started, total_s, load_before, load_after
   profiles = [r["profile"] for _, rows in tables for r in rows if r.get("profile")]
   if profiles:
     out += ["", "Where the time of 3 profiled steps went (device; host on CPU; `python -m "
-            "maelm_jax.profiling DIR`: XLA ops' exclusive time, grouped by kind):", ""]
+            "maelm_jax.tools.profiling DIR`: XLA ops' exclusive time, grouped by kind):", ""]
     out += [f"- `{path}`: " + summary.replace("\n", ";") for path, summary in profiles]
   out.append(END)
   return "\n".join(out) + "\n"

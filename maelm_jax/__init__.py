@@ -15,15 +15,17 @@ import-linter contract in `.importlinter`, checked by tests/test_layers.py):
                                 defaults, the special-token layout
 
 Modules that used to sit flat in this folder (`maelm_jax.train`, `maelm_jax.blimp`,
-...) still import, and run with `python -m`, under their old names: `_MOVED` maps
-each to its new home, and both names are one module object (a patch through
-either is seen by both).
+...) still import, and run with `python -m`, under their old names for this
+release, with a DeprecationWarning (CHANGELOG.md): `_MOVED` maps each to its new
+home, and both names are one module object (a patch through either is seen by
+both).
 """
 
 import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 _MOVED = {
     "errors": "core", "workdir": "core", "sharding": "core", "config_defaults": "core",
@@ -50,14 +52,23 @@ def new_name(old: str) -> str | None:
   return ".".join([__name__, _MOVED[parts[1]], *parts[1:]])
 
 
+def _moved_message(old: str, new: str) -> str:
+  return f"{old} is now {new}; the old name goes in the next release"
+
+
 class _Alias(importlib.abc.Loader):
   """Loads an old name as the module of its new name (one object, two names);
-  `python -m <old name>` runs the new module's code."""
+  `python -m <old name>` runs the new module's code. Either says the new name."""
 
   def __init__(self, target: str):
     self.target = target
 
   def create_module(self, spec):
+    # stacklevel 2: warnings skips the import machinery's frames, so the warning
+    # names the code that imports the old name (pytest.ini's error filters for
+    # maelm_jax and tests catch a stale name in the project's own code).
+    warnings.warn(_moved_message(spec.name, self.target), DeprecationWarning,
+                  stacklevel=2)
     return importlib.import_module(self.target)
 
   def exec_module(self, module):
@@ -66,8 +77,8 @@ class _Alias(importlib.abc.Loader):
   def _spec(self):
     return importlib.util.find_spec(self.target)
 
-  def get_code(self, fullname):  # For runpy (`python -m`).
-    del fullname
+  def get_code(self, fullname):  # For runpy (`python -m`): a line a user sees.
+    sys.stderr.write(f"note: python -m {_moved_message(fullname, self.target)}\n")
     return self._spec().loader.get_code(self.target)
 
   def is_package(self, fullname):

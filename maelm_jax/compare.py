@@ -21,8 +21,8 @@ is on disk was made with this config):
      split carved out of the task's *training* file (`<out>/glue_select`: a
      fixed fifth, at most 1000 rows, scores; the rest trains), never on the
      scored data; its fine-tuning seeds then run at the rate that scored best;
-  4. effective rank of every encoder (`maelm_jax.analyze`) into `<out>/rank`;
-  5. with --blimp_dir, BLiMP (`maelm_jax.blimp`) of every encoder into
+  4. effective rank of every encoder (`maelm_jax.evaluate.analyze`) into `<out>/rank`;
+  5. with --blimp_dir, BLiMP (`maelm_jax.evaluate.blimp`) of every encoder into
      `<out>/blimp/<run>`, and with --blimp_curve_pairs, a smaller BLiMP of every
      kept checkpoint, for `curves.png` (BLiMP and held-out [MASK] accuracy
      against pretraining FLOPs);
@@ -515,7 +515,7 @@ def _define_flags() -> None:
   flags.DEFINE_list("tasks", ["sst2", "qnli", "cola"], "Downstream tasks")
   flags.DEFINE_integer("num_tokens", 4096, "Tokens per layer for the effective rank")
   flags.DEFINE_string("blimp_dir", "", "A folder of BLiMP <UID>.jsonl files: adds "
-                      "each encoder's BLiMP score (maelm_jax.blimp)")
+                      "each encoder's BLiMP score (maelm_jax.evaluate.blimp)")
   flags.DEFINE_integer("blimp_max_pairs", 0, "BLiMP pairs per paradigm (0: all)")
   flags.DEFINE_integer("blimp_curve_pairs", 0, "With --blimp_dir: also score every "
                        "kept checkpoint on this many pairs per paradigm (curves.png)")

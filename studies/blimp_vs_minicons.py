@@ -1,4 +1,4 @@
-r"""BLiMP scoring speed and agreement: `maelm_jax.blimp` against minicons.
+r"""BLiMP scoring speed and agreement: `maelm_jax.evaluate.blimp` against minicons.
 
 minicons (`scorer.MaskedLMScorer`, PyTorch) is what BLiMP users score masked LMs
 with today. Both score the same pairs with the same MLM: ours from the
@@ -68,7 +68,7 @@ def main():
   ours_seconds = time.perf_counter() - start
 
   with tempfile.TemporaryDirectory() as export_dir:
-    subprocess.run([sys.executable, "-m", "maelm_jax.export_hf",
+    subprocess.run([sys.executable, "-m", "maelm_jax.interop.export_hf",
                     f"--workdir={args.workdir}", f"--out={export_dir}/hf",
                     "--with_lm_head"], check=True, cwd=REPO, capture_output=True)
     minicons_scores(f"{export_dir}/hf", [q.good for q in warm], args.variant,

@@ -11,7 +11,7 @@ studies/RESULTS.md ("Every encoder by one protocol").
       --markdown --plot=docs/device_encoders.png
 
 W: a pretraining workdir (a slim copy is enough: config.json and metrics.jsonl);
-`--blimp`: `maelm_jax.blimp`'s blimp.json scoring them (models named as the
+`--blimp`: `maelm_jax.evaluate.blimp`'s blimp.json scoring them (models named as the
 workdirs' folders); `--scores`: `studies/score_encoders.py`'s scores.json. A task
 nobody scored is null. Rows already in --out stay (a rescored one in its place). Rows of
 one pretraining at several points (half way, the end) share a `run`.
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--encoders", default="", help="name=workdir,... (or run:name=workdir,"
                  " a row of that run)")
-  p.add_argument("--blimp", default="", help="maelm_jax.blimp's blimp.json")
+  p.add_argument("--blimp", default="", help="maelm_jax.evaluate.blimp's blimp.json")
   p.add_argument("--scores", default="", help="score_encoders.py's scores.json")
   p.add_argument("--device", default="", help="where they were pretrained")
   p.add_argument("--command", default="", help="the command that pretrained them")

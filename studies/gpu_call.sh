@@ -36,7 +36,7 @@ P1="$P1 --ceiling=$CEIL"
 source studies/gpu_common.sh
 
 # Token ids first, on the CPU cores, while the GPU runs phase 1.
-( $PY -m maelm_jax.prepare_data --source="text:$DATA" --out=/tmp/ids \
+( $PY -m maelm_jax.data.prepare_data --source="text:$DATA" --out=/tmp/ids \
     --tokenizer=$TOKENIZER --workers=8 > $OUT_DIR/logs/prepare.log 2>&1
   echo $? > /tmp/prepare.rc ) &
 PREPARE=$!
@@ -52,7 +52,7 @@ fi
 tp base$LONG 150 --sizes=$BASE --seq_lens=$LONG --objectives=mlm,maelm,3ml-cross \
     --tokens_per_batch=$TOKENS --profile_dir=/tmp/profile --attention_impls=$ATTN
 for d in /tmp/profile/*; do
-  [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=10 >> $OUT_DIR/logs/profile.txt 2>&1
+  [ -d "$d" ] && $PY -m maelm_jax.tools.profiling $d --top=10 >> $OUT_DIR/logs/profile.txt 2>&1
 done
 
 # ---------------------------------------------------------------- 2. pretraining

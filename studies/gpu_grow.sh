@@ -48,7 +48,7 @@ fi
 source studies/gpu_common.sh
 
 # Token ids on the CPU cores while the GPU runs phase 1.
-( $PY -m maelm_jax.prepare_data --source="text:$GROW/data/*.jsonl.xz" --out=$IDS \
+( $PY -m maelm_jax.data.prepare_data --source="text:$GROW/data/*.jsonl.xz" --out=$IDS \
     --tokenizer=$GROW/tokenizer.model --workers=$WORKERS > $OUT_DIR/logs/prepare.log 2>&1
   echo $? > /tmp/prepare.rc ) &
 PREPARE=$!
@@ -57,7 +57,7 @@ PREPARE=$!
 if [ "${LEVERS:-1}" = 1 ]; then
   tp base512 $((LIMIT + 40)) $A --objectives=mlm,maelm,3ml-cross --profile_dir=/tmp/profile
   for d in /tmp/profile/*; do
-    [ -d "$d" ] && $PY -m maelm_jax.profiling $d --top=12 >> $OUT_DIR/logs/profile.txt 2>&1
+    [ -d "$d" ] && $PY -m maelm_jax.tools.profiling $d --top=12 >> $OUT_DIR/logs/profile.txt 2>&1
   done
   tp shape128 $LIMIT $S --objectives=mlm,maelm-cross
 fi

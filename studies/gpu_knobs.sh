@@ -65,7 +65,7 @@ flags() {  # The variant's own overrides.
   esac
 }
 
-$PY -m maelm_jax.prepare_data --source="text:$GROW/data/*.jsonl.xz" --out=$IDS \
+$PY -m maelm_jax.data.prepare_data --source="text:$GROW/data/*.jsonl.xz" --out=$IDS \
     --tokenizer=$GROW/tokenizer.model --workers=8 > $OUT_DIR/logs/prepare.log 2>&1
 stamp "prepared rc=$?"
 
@@ -96,7 +96,7 @@ done
 
 # ---------------------------------------------------------------- BLiMP, on the GPU
 WORKDIRS=$(for v in $VARIANTS; do [ -d $RUNS/$v/checkpoints ] && printf "%s," $RUNS/$v; done)
-timeout -s INT $(( $(left) - BRING_BACK_S )) $PY -m maelm_jax.blimp \
+timeout -s INT $(( $(left) - BRING_BACK_S )) $PY -m maelm_jax.evaluate.blimp \
     --workdir=${WORKDIRS%,} --data=$BLIMP --max_pairs=$PAIRS --ngram_tokens=0 \
     --out=$OUT_DIR/blimp > $OUT_DIR/logs/blimp.log 2>&1
 stamp "blimp rc=$? $(ls $OUT_DIR/blimp 2>/dev/null | tr '\n' ' ')"

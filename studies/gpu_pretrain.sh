@@ -37,7 +37,7 @@ stamp() { echo "$(date +%T) $*" | tee -a $OUT_DIR/logs/timeline.txt; }
 stamp start
 SOURCE="text:$DATA"
 if [ "$PREPARE" = 1 ]; then
-  $PY -m maelm_jax.prepare_data --source="text:$DATA" --out=/tmp/ids --tokenizer=$TOKENIZER \
+  $PY -m maelm_jax.data.prepare_data --source="text:$DATA" --out=/tmp/ids --tokenizer=$TOKENIZER \
     --workers=$(nproc) > $OUT_DIR/logs/prepare.log 2>&1 || { stamp "prepare failed"; tail $OUT_DIR/logs/prepare.log; exit 1; }
   SOURCE="arrayrecord:/tmp/ids"
   stamp prepared
@@ -102,7 +102,7 @@ from maelm_jax import checkpoints
 s = checkpoints.committed_steps('/tmp/gpu_$o'); print(min(s, key=lambda k: abs(k - s[-1] / 2)))")
     for which in newest half; do
       STEP=""; [ $which = half ] && STEP="--step=$HALF"
-      ( timeout $BLIMP_S $PY -m maelm_jax.blimp --workdir=/tmp/gpu_$o --data=$BLIMP $STEP \
+      ( timeout $BLIMP_S $PY -m maelm_jax.evaluate.blimp --workdir=/tmp/gpu_$o --data=$BLIMP $STEP \
           --max_pairs=$BLIMP_PAIRS --ngram_tokens=0 --out=/tmp/blimp_${o}_$which \
           > $OUT_DIR/logs/blimp_${o}_$which.log 2>&1 ) &
     done

@@ -13,7 +13,7 @@ comparison is in eval mode; the release's decoder runs without dropout anyway:
 
 Parameter names are the release's state-dict keys (`encoder.sentence_encoder.*`,
 `gen_decoder.sentence_encoder.*`, `gen_decoder.lm_head.*`), so a state dict of
-this module is what `maelm_jax.import_fairseq` reads. Vocabulary order is
+this module is what `maelm_jax.interop.import_fairseq` reads. Vocabulary order is
 fairseq's: `<s>=0 <pad>=1 </s>=2 <unk>=3`, the dictionary's words, `<mask>`
 last.
 """

@@ -141,7 +141,7 @@ def pretrained(tmp_path_factory, tokenizer_file):
 
 
 def run_cli(*args):
-  return subprocess.run([sys.executable, "-m", "maelm_jax.analyze", *args], cwd=REPO,
+  return subprocess.run([sys.executable, "-m", "maelm_jax.evaluate.analyze", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
 
 

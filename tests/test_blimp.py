@@ -224,7 +224,7 @@ def write_blimp(folder, paradigms=("agr_a", "agr_b", "island_c"), pairs=12):
 
 
 def run_cli(*args):
-  return subprocess.run([sys.executable, "-m", "maelm_jax.blimp", *args], cwd=REPO,
+  return subprocess.run([sys.executable, "-m", "maelm_jax.evaluate.blimp", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=600)
 
 

@@ -1,4 +1,4 @@
-"""The fault-injection harness (maelm_jax.chaos), short: a pretraining and its
+"""The fault-injection harness (maelm_jax.tools.chaos), short: a pretraining and its
 fine-tuning killed in chosen phases, then compared bit for bit with
 uninterrupted runs. The long random version is benchmarks/RESULTS.md's."""
 

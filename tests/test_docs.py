@@ -111,7 +111,7 @@ def test_the_checks_find_what_they_look_for(tmp_path):
   doc.write_text("![a](missing.png) [b](https://x.org) [c](#here)\n"
                  "python -m maelm_jax.main --config=configs/pretrain.py \\\n"
                  "    --config.model.no_such_key=1 --config.batch_size=2 --workdir=/tmp/w\n"
-                 "python -m maelm_jax.blimp --workdir=/tmp/w --no_such_flag=1 --out=/tmp/b"
+                 "python -m maelm_jax.evaluate.blimp --workdir=/tmp/w --no_such_flag=1 --out=/tmp/b"
                  "  # --also_not_checked\n"
                  "`maelm-export --workdir=/tmp/w --out=/tmp/e --step=3 --bogus` in maelm-jax\n")
   assert list(relative_links(doc)) == ["missing.png"]
@@ -119,7 +119,7 @@ def test_the_checks_find_what_they_look_for(tmp_path):
   assert module == "maelm_jax.main" and CONFIG_KEY.findall(args) == [
       "model.no_such_key", "batch_size"]
   assert sorted(command_problems(doc.read_text())) == [
-      "maelm_jax.blimp: no flag --no_such_flag",
+      "maelm_jax.evaluate.blimp: no flag --no_such_flag",
       "maelm_jax.interop.export_hf: no flag --bogus",
       "maelm_jax.main configs/pretrain.py: no config key model.no_such_key"]
 

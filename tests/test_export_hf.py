@@ -341,7 +341,7 @@ def test_mistakes_are_refused_before_anything_is_written(tmp_path):
 
 def test_cli_says_a_missing_workdir_in_one_line(tmp_path):
   done = subprocess.run(
-      [sys.executable, "-m", "maelm_jax.export_hf", f"--workdir={tmp_path}/nope",
+      [sys.executable, "-m", "maelm_jax.interop.export_hf", f"--workdir={tmp_path}/nope",
        f"--out={tmp_path}/hf"], capture_output=True, text=True, timeout=300)
   assert done.returncode == 1
   assert done.stderr.strip().splitlines()[0].startswith("error: ")

@@ -164,7 +164,7 @@ def test_roberta_imports_with_parity(roberta):
 
 def test_bert_imports_with_parity(tmp_path):
   model, tok = make_bert(tmp_path / "src")
-  done = subprocess.run([sys.executable, "-m", "maelm_jax.import_hf",
+  done = subprocess.run([sys.executable, "-m", "maelm_jax.interop.import_hf",
                          f"--src={tmp_path / 'src'}", f"--workdir={tmp_path / 'w'}",
                          "--check"], capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -275,7 +275,7 @@ def test_refusals_name_the_problem_and_touch_nothing(roberta, tmp_path):
   other = tmp_path / "gpt"
   other.mkdir()
   (other / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-  done = subprocess.run([sys.executable, "-m", "maelm_jax.import_hf", f"--src={other}",
+  done = subprocess.run([sys.executable, "-m", "maelm_jax.interop.import_hf", f"--src={other}",
                          f"--workdir={tmp_path / 'w2'}"], capture_output=True,
                         text=True, timeout=300)
   assert done.returncode == 1 and "Traceback" not in done.stderr

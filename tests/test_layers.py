@@ -46,14 +46,22 @@ def test_every_moved_module_has_one_home_and_its_old_name():
   assert flat == {"main", "compare", "sweep", "plan"}  # Only the commands stay flat.
   for old, layer in maelm_jax._MOVED.items():  # pylint: disable=protected-access
     new = importlib.import_module(f"maelm_jax.{layer}.{old}")
-    assert importlib.import_module(f"maelm_jax.{old}") is new, old
+    with pytest.warns(DeprecationWarning,
+                      match=f"maelm_jax.{old} is now maelm_jax.{layer}.{old}; the old"):
+      assert importlib.import_module(f"maelm_jax.{old}") is new, old
 
 
 def test_old_names_are_the_same_module_for_patches(monkeypatch):
   from maelm_jax.run import train
-  monkeypatch.setattr("maelm_jax.train.PREPARED_SOURCES", ("patched",), raising=False)
+  for old in ("train", "hf_modeling"):  # Imported again, as new (any test order).
+    monkeypatch.delattr(maelm_jax, old, raising=False)
+    for name in [n for n in sys.modules if n.startswith(f"maelm_jax.{old}")]:
+      monkeypatch.delitem(sys.modules, name)
+  with pytest.warns(DeprecationWarning, match="maelm_jax.train is now maelm_jax.run.train"):
+    monkeypatch.setattr("maelm_jax.train.PREPARED_SOURCES", ("patched",), raising=False)
   assert train.PREPARED_SOURCES == ("patched",)
-  import maelm_jax.hf_modeling.modeling_maelm as old  # A moved package's module.
+  with pytest.warns(DeprecationWarning, match=r"maelm_jax.hf_modeling(.modeling_maelm)? is now"):
+    import maelm_jax.hf_modeling.modeling_maelm as old  # A moved package's module.
   from maelm_jax.interop.hf_modeling import modeling_maelm
   assert old is modeling_maelm
 
@@ -62,6 +70,8 @@ def test_python_dash_m_runs_a_moved_module_by_its_old_name():
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   result = subprocess.run([sys.executable, "-m", "maelm_jax.prepare_data", "--help"],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
-  # absl's --help exits 1 after printing the module's docstring and flags.
+  assert result.returncode == 0, result.stderr[-2000:]
   assert "One preparation step" in result.stdout, result.stderr[-2000:]
+  assert ("note: python -m maelm_jax.prepare_data is now maelm_jax.data.prepare_data; "
+          "the old name goes in the next release") in result.stderr.splitlines()
   assert "--tokenizer" in result.stdout

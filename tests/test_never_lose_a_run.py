@@ -360,7 +360,7 @@ def test_silent_corruption_is_caught_by_checksums_and_quarantined(
 def test_a_kill_while_checksums_are_written_leaves_a_good_checkpoint_good(
     trained, tmp_path):
   """Killed between writing `maelm_checksums.json.tmp` and renaming it: the next
-  run records the step's checksums again. Found while writing `maelm_jax.chaos` (where
+  run records the step's checksums again. Found while writing `maelm_jax.tools.chaos` (where
   can a kill land?), by reading the code, not by a kill: they used
   to list the stale temporary file as part of the checkpoint, which then
   failed verification ('missing') and a good step was quarantined."""

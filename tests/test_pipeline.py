@@ -1,4 +1,4 @@
-"""Tests for maelm_jax.pipeline: packing, determinism, sharding, checkpointing."""
+"""Tests for maelm_jax.data.pipeline: packing, determinism, sharding, checkpointing."""
 
 import itertools
 import json

@@ -1,4 +1,4 @@
-"""Tests for maelm_jax.prepare_data and the `arrayrecord:` source (prepared.py):
+"""Tests for maelm_jax.data.prepare_data and the `arrayrecord:` source (prepared.py):
 the same documents and rows as the spec prepared from, every input format,
 token ids, resume after a kill at any point, and bad input refused untouched."""
 
@@ -246,7 +246,7 @@ def test_sigkill_at_a_random_instant_then_the_same_command(tmp_path):
   spec = f"text:{root}/*.jsonl"
   reference = prepare_data.prepare(spec, str(tmp_path / "reference"))
   out = tmp_path / "out"
-  cmd = [sys.executable, "-m", "maelm_jax.prepare_data", f"--source={spec}",
+  cmd = [sys.executable, "-m", "maelm_jax.data.prepare_data", f"--source={spec}",
          f"--out={out}", "--workers=1"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
@@ -323,7 +323,7 @@ def test_a_binary_file_is_skipped_or_refused(tmp_path):
 def test_the_command_line(tmp_path):
   out = tmp_path / "out"
   result = subprocess.run(
-      [sys.executable, "-m", "maelm_jax.prepare_data", "--source=pydoc:",
+      [sys.executable, "-m", "maelm_jax.data.prepare_data", "--source=pydoc:",
        f"--out={out}", "--records_per_shard=700"], cwd=REPO,
       capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert result.returncode == 0, result.stderr[-2000:]
@@ -334,7 +334,7 @@ def test_the_command_line(tmp_path):
   assert _all(sources.open_source(f"arrayrecord:{out}", "eval")) == _all(
       sources.open_source("pydoc:", "eval"))
   bad = subprocess.run(
-      [sys.executable, "-m", "maelm_jax.prepare_data", "--source=hfdisk:/nowhere",
+      [sys.executable, "-m", "maelm_jax.data.prepare_data", "--source=hfdisk:/nowhere",
        f"--out={tmp_path / 'x'}"], cwd=REPO, capture_output=True, text=True)
   assert bad.returncode == 1
   assert bad.stderr.startswith("error: /nowhere is not a datasets.save_to_disk folder")

@@ -1,4 +1,4 @@
-"""Tests for maelm_jax.sources: every spec form, the held-out rule, errors."""
+"""Tests for maelm_jax.data.sources: every spec form, the held-out rule, errors."""
 
 import bz2
 import gzip

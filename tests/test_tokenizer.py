@@ -1,4 +1,4 @@
-"""Tests for maelm_jax.tokenizer on the English docs CPython ships (pydoc_data)."""
+"""Tests for maelm_jax.data.tokenizer on the English docs CPython ships (pydoc_data)."""
 
 import os
 import pathlib

@@ -59,7 +59,7 @@ def get_config(arg=None):
   # ~/.cache/maelm_jax/jax), a directory, or "" (off). A restart skips compiling.
   config.compilation_cache_dir = "auto"
   # "A,B": a jax.profiler trace of steps A..B-1 into <workdir>/profile, for
-  # TensorBoard's profile plugin, Perfetto or python -m maelm_jax.profiling.
+  # TensorBoard's profile plugin, Perfetto or python -m maelm_jax.tools.profiling.
   config.profile_steps = ""
   # Weights & Biases: a project name logs the scalars, the config and the plots
   # there too (pip install wandb; WANDB_MODE=offline writes them under the

@@ -45,7 +45,7 @@ from maelm_jax.core import errors
 
 def command_line(module: str) -> str:
   """This process's command, as a record of what made a result
-  (`python -m maelm_jax.blimp --workdir=...`)."""
+  (`python -m maelm_jax.evaluate.blimp --workdir=...`)."""
   return " ".join([f"python -m {module}"] + sys.argv[1:])
 
 

@@ -324,7 +324,7 @@ def exit_with_parent(worker_index: int, worker_count: int) -> None:
 
   A trainer killed with SIGKILL (a preempted VM, the OOM killer, kill -9) cannot
   stop its workers, and grain's stay blocked on their queues for good, ~200 MB
-  each (found by `maelm_jax.chaos`); every relaunch after a kill would leave
+  each (found by `maelm_jax.tools.chaos`); every relaunch after a kill would leave
   more. The worker polls its parent (it is reparented when the trainer dies).
   """
   del worker_index, worker_count

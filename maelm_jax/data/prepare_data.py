@@ -1,6 +1,6 @@
 r"""One preparation step: any corpus -> ArrayRecord shards read lazily by training.
 
-  python -m maelm_jax.prepare_data \
+  python -m maelm_jax.data.prepare_data \
       --source='text:../shared/data/corpus/wikipedia/*.jsonl.xz' --out=/data/wiki
   python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=base \
       --config.data.source=arrayrecord:/data/wiki --workdir=...
@@ -639,7 +639,7 @@ def main() -> None:
       tokenizer_path=FLAGS.tokenizer, workers=FLAGS.workers,
       on_bad_text=FLAGS.on_bad_text, eval_fraction=FLAGS.eval_fraction,
       tfds_data_dir=FLAGS.tfds_data_dir, records_per_shard=FLAGS.records_per_shard,
-      verify=FLAGS.verify, command=cli.command_line("maelm_jax.prepare_data"))
+      verify=FLAGS.verify, command=cli.command_line("maelm_jax.data.prepare_data"))
   print(f"{FLAGS.out}: {metadata['documents']:,} documents, "
         f"{metadata['text_bytes'] / 1e6:,.1f} MB of text in "
         f"{len(metadata['shards'])} shards ({metadata['format']}); train with "

@@ -1,6 +1,6 @@
 """Prepared corpora: ArrayRecord shards of documents, read lazily by record.
 
-`python -m maelm_jax.prepare_data` writes a corpus directory; the source spec
+`python -m maelm_jax.data.prepare_data` writes a corpus directory; the source spec
 `arrayrecord:<dir or glob>` reads it back. The layout:
 
   DIR/shard-00000-of-00008.array_record   one shard per input unit (a file of
@@ -86,7 +86,7 @@ def read_metadata(directory: str) -> dict[str, Any]:
             else "")
     raise FileNotFoundError(
         f"{directory} has no {METADATA_FILE}, so it is not a prepared corpus{hint}; "
-        "make one with `python -m maelm_jax.prepare_data --source=SPEC "
+        "make one with `python -m maelm_jax.data.prepare_data --source=SPEC "
         f"--out={directory}`")
   with open(path) as f:
     try:
@@ -134,7 +134,7 @@ class PreparedDocuments:
       if not matched:
         raise FileNotFoundError(
             f"arrayrecord source {pattern!r} matches no {SHARD_SUFFIX} file; give "
-            "the directory `python -m maelm_jax.prepare_data --out=DIR` wrote "
+            "the directory `python -m maelm_jax.data.prepare_data --out=DIR` wrote "
             "(arrayrecord:DIR) or a glob of its shards")
       paths.extend(p for p in matched if p not in paths)
     if not paths:

@@ -11,7 +11,7 @@ source whose elements are documents (whitespace-normalised `str`). Spec forms:
   tfds:<name>[/<config>][:<version>]
                             a TFDS dataset prepared as ArrayRecord, read with
                             `tfds.data_source` (no TensorFlow needed).
-  arrayrecord:<dir>[,...]   a corpus prepared by `python -m maelm_jax.prepare_data`
+  arrayrecord:<dir>[,...]   a corpus prepared by `python -m maelm_jax.data.prepare_data`
                             (or a glob of its shards): read lazily by record,
                             as text or as token ids (see `prepared.py`).
   pydoc:                    the English documentation CPython ships in
@@ -65,7 +65,7 @@ _SPEC_HELP = (
     "  tfds:<name>[/<config>][:<version>]   e.g. tfds:wikipedia/20230601.en or "
     "tfds:c4/en:3.1.0\n"
     "  arrayrecord:<dir>          a corpus prepared by python -m "
-    "maelm_jax.prepare_data --out=<dir>\n"
+    "maelm_jax.data.prepare_data --out=<dir>\n"
     "  pydoc:                    the English docs shipped with CPython (default)")
 
 _GUTENBERG_START = re.compile(r"^\s*\*{3}\s*START OF\b", re.IGNORECASE)
@@ -581,7 +581,7 @@ def open_source(spec: str, split: str, *, eval_fraction: float = 0.01,
   elif scheme in ("parquet", "hfdisk") and sep and rest.strip():
     raise ValueError(
         f"{scheme}: corpora are read after one preparation step: `python -m "
-        f"maelm_jax.prepare_data --source={spec} --out=DIR`, then "
+        f"maelm_jax.data.prepare_data --source={spec} --out=DIR`, then "
         "--config.data.source=arrayrecord:DIR")
   elif scheme == "pydoc" and not rest.strip():
     documents, description = _pydoc_documents()

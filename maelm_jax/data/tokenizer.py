@@ -130,7 +130,7 @@ class Tokenizer(_ProjectIds):
           f"tokenizer at {path!r} does not have the special pieces this project "
           f"needs: ids 0..{NUM_SPECIAL - 1} are {pieces}, expected "
           f"{SPECIAL_TOKENS} with [CLS] [SEP] [MASK] as control symbols. Train "
-          "one with maelm_jax.tokenizer.train_tokenizer (or leave "
+          "one with maelm_jax.data.tokenizer.train_tokenizer (or leave "
           "--config.tokenizer.path empty to train one into the workdir)")
 
   @property
@@ -252,7 +252,7 @@ class HFTokenizer(_ProjectIds):
       raise ValueError(
           f"tokenizer at {path!r} has {pieces} at ids 0..{NUM_SPECIAL - 1}; this "
           "project needs pad, unk, cls, sep, mask there. Bring a Hugging Face "
-          "checkpoint in with `python -m maelm_jax.import_hf --src=DIR "
+          "checkpoint in with `python -m maelm_jax.interop.import_hf --src=DIR "
           "--workdir=W`, which re-indexes its tokenizer")
     model = json.loads(text)["model"]
     self._model_type = model["type"].lower()

@@ -1,6 +1,6 @@
 r"""Effective rank of an encoder's token representations, layer by layer.
 
-  python -m maelm_jax.analyze --workdir=/tmp/mlm,/tmp/maelm --out=/tmp/rank \
+  python -m maelm_jax.evaluate.analyze --workdir=/tmp/mlm,/tmp/maelm --out=/tmp/rank \
       [--source='text:/data/*.txt'] [--num_tokens=4096] [--step=N]
 
 MAE-LM (Meng et al., ICLR 2024) argues that an MLM encoder spends dimensions on
@@ -339,7 +339,7 @@ def main():
   results = analyze(
       FLAGS.workdir, FLAGS.out, source=FLAGS.source,
       num_tokens=FLAGS.num_tokens, step=FLAGS.step, batch_size=FLAGS.batch_size,
-      seq_len=FLAGS.seq_len, command=cli.command_line("maelm_jax.analyze"),
+      seq_len=FLAGS.seq_len, command=cli.command_line("maelm_jax.evaluate.analyze"),
       overwrite=FLAGS.overwrite)
   print(format_table(results))
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {PLOT_FILE}")

@@ -1,6 +1,6 @@
 r"""BLiMP: grammar knowledge of a pretrained encoder, scored without fine-tuning.
 
-  python -m maelm_jax.blimp --workdir=/tmp/run_mlm,/tmp/run_maelm \
+  python -m maelm_jax.evaluate.blimp --workdir=/tmp/run_mlm,/tmp/run_maelm \
       --data=../shared/data/blimp --out=/tmp/blimp
 
 BLiMP (Warstadt et al., 2020) is a set of minimal pairs, a grammatical and an
@@ -555,7 +555,7 @@ def main():
       FLAGS.workdir, FLAGS.data, FLAGS.out, variant=FLAGS.variant,
       step=FLAGS.step, batch_size=FLAGS.batch_size, max_pairs_per_paradigm=FLAGS.max_pairs,
       ngram_tokens=FLAGS.ngram_tokens, ngram_source=FLAGS.ngram_source,
-      command=cli.command_line("maelm_jax.blimp"), overwrite=FLAGS.overwrite)
+      command=cli.command_line("maelm_jax.evaluate.blimp"), overwrite=FLAGS.overwrite)
   print(format_table(results))
   print(f"\n{os.path.join(os.path.abspath(FLAGS.out), RESULTS_FILE)}, {TABLE_FILE}, "
         f"{PLOT_FILE}")

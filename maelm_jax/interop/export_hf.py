@@ -1,7 +1,7 @@
 r"""Export a pretrained encoder as a Hugging Face transformers model directory.
 
-  python -m maelm_jax.export_hf --workdir=/tmp/maelm_tiny --out=/tmp/maelm_tiny_hf
-  python -m maelm_jax.export_hf --workdir=W --out=DIR --step=4000 --with_lm_head
+  python -m maelm_jax.interop.export_hf --workdir=/tmp/maelm_tiny --out=/tmp/maelm_tiny_hf
+  python -m maelm_jax.interop.export_hf --workdir=W --out=DIR --step=4000 --with_lm_head
 
 and then, in PyTorch (`pip install torch transformers`):
 
@@ -37,7 +37,7 @@ without the relative bias) is a RoBERTa: `model_type: roberta`, loadable with pl
 `AutoModel.from_pretrained(DIR)` (its pooler is not part of pretraining and starts
 untrained, which transformers reports). Every other encoder (relative position
 bias, pre-LN: the project's defaults) is written with `modeling_maelm.py` and
-`configuration_maelm.py`, a self-contained PyTorch port of `maelm_jax.model.Encoder`
+`configuration_maelm.py`, a self-contained PyTorch port of `maelm_jax.modeling.model.Encoder`
 loaded through `trust_remote_code=True`.
 
 Needs `safetensors` and `tokenizers` (`pip install -e '.[export]'`), not torch.
@@ -580,7 +580,7 @@ tags: [maelm-jax, {config.model.objective}]
 # {os.path.basename(os.path.normpath(storage.display(workdir)))}: a maelm-jax encoder
 
 Pretrained with maelm-jax (JAX/Flax) and exported by
-`python -m maelm_jax.export_hf --workdir={storage.display(workdir)}` (step {pretrained.step}).
+`python -m maelm_jax.interop.export_hf --workdir={storage.display(workdir)}` (step {pretrained.step}).
 
 | | |
 |---|---|

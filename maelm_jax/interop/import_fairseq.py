@@ -1,7 +1,7 @@
 r"""Import a checkpoint of the official MAE-LM release (fairseq `ae` model,
 github.com/yumeng5/MAE-LM) as a maelm-jax workdir.
 
-  python -m maelm_jax.import_fairseq --src=checkpoint.pt --dict=dict.txt \
+  python -m maelm_jax.interop.import_fairseq --src=checkpoint.pt --dict=dict.txt \
       --tokenizer=DIR --workdir=W
 
   * checkpoint.pt: what the release's fairseq saves (`{"model": state_dict,

@@ -1,6 +1,6 @@
 r"""Import a Hugging Face BERT or RoBERTa checkpoint as a maelm-jax workdir.
 
-  python -m maelm_jax.import_hf --src=DIR --workdir=W
+  python -m maelm_jax.interop.import_hf --src=DIR --workdir=W
 
 DIR is a local transformers checkpoint: `config.json`, `model.safetensors` and the
 fast tokenizer's `tokenizer.json` (with `tokenizer_config.json` or
@@ -12,7 +12,7 @@ a workdir that every tool reading a pretraining run accepts:
   continued     python -m maelm_jax.main --config=configs/pretrain.py:objective=mlm,size=base,recipe=paper \
   pretraining       --config.init_from=W --config.data.source='text:/my/*.txt' --workdir=W2
                 (the model's shape comes from W; `maelm`/`3ml` start a fresh decoder)
-  BLiMP, analysis, export: python -m maelm_jax.blimp / analyze / export_hf --workdir=W
+  BLiMP, analysis, export: python -m maelm_jax.evaluate.blimp / analyze / export_hf --workdir=W
 
 What changes on the way in, and why it changes nothing the model computes:
   * ids: the project keeps [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0..4, so the

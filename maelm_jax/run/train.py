@@ -399,7 +399,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         jax.profiler.stop_trace()
         tracing = False
         logging.info("profile of steps %d..%d: %s (TensorBoard's profile plugin, "
-                     "Perfetto, or python -m maelm_jax.profiling %s)", profile[0],
+                     "Perfetto, or python -m maelm_jax.tools.profiling %s)", profile[0],
                      step, profile_dir, profile_dir)
       # At most two steps in flight: wait for the previous one (the host still
       # prepares the next batch while this one runs). An unbounded queue of

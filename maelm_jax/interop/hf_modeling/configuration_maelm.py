@@ -1,6 +1,6 @@
 """Configuration of a maelm-jax encoder exported to Hugging Face transformers.
 
-Written next to `modeling_maelm.py` by `python -m maelm_jax.export_hf`; loaded by
+Written next to `modeling_maelm.py` by `python -m maelm_jax.interop.export_hf`; loaded by
 `AutoConfig.from_pretrained(dir, trust_remote_code=True)`. Self-contained: needs
 only transformers.
 """

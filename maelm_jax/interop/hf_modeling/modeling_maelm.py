@@ -1,6 +1,6 @@
 """PyTorch port of the maelm-jax encoder, for Hugging Face transformers.
 
-Written into an export directory by `python -m maelm_jax.export_hf` and loaded with
+Written into an export directory by `python -m maelm_jax.interop.export_hf` and loaded with
 
     model = AutoModel.from_pretrained(dir, trust_remote_code=True)
 
@@ -27,7 +27,7 @@ NEG_INF = -1e9  # As in maelm-jax: finite, so a row with no valid key stays NaN-
 
 
 def relative_position_bucket(relative_position, num_buckets, max_distance):
-  """T5's bidirectional bucketing (maelm_jax.model.relative_position_bucket)."""
+  """T5's bidirectional bucketing (maelm_jax.modeling.model.relative_position_bucket)."""
   num_buckets //= 2
   bucket = (relative_position > 0).long() * num_buckets
   distance = relative_position.abs()
@@ -153,7 +153,7 @@ class MaelmLayer(nn.Module):
 
 
 class MaelmEncoder(nn.Module):
-  """maelm_jax.model.Stack: the encoder, or (with `num_layers`, its own relative
+  """maelm_jax.modeling.model.Stack: the encoder, or (with `num_layers`, its own relative
   bias and cross-attention) the MAE-LM / 3ML decoder."""
 
   def __init__(self, config, num_layers=None, relative_position_bias=None,
