@@ -5,11 +5,12 @@ from, the stop signal and its one message, and closing on every exit."""
 import json
 import os
 import signal
+import time
 
 import pytest
 
 from configs import glue as glue_config
-from maelm_jax.run import run_session
+from maelm_jax.run import config_lib, run_session
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.finetune import run as finetune_run
 from tests.helpers import tiny_config
@@ -170,3 +171,63 @@ def test_closed_on_error_closes_only_on_error_and_keeps_the_run_error():
     with run_session.closed_on_error(failing):
       raise KeyboardInterrupt
   assert failing.closes == 1
+
+
+@pytest.mark.parametrize("loop", [0, 1], ids=["pretraining", "fine-tuning"])
+def test_max_runtime_stops_at_the_first_step_boundary_past_it(tmp_path, loop):
+  mode, make = both_modes(tmp_path)[loop]
+  del mode
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  manager = FakeManager(str(workdir / "checkpoints"))
+  with run_session.RunSession(str(workdir), make(max_runtime="0.5s"), manager,
+                              restored_step=None) as s:
+    assert not s.stop_requested(1)
+    time.sleep(0.6)
+    assert s.stop_requested(2)
+    assert s.stopped(2) == {"preempted_at_step": 2, "stopped_by": "max_runtime"}
+  # No limit: never.
+  with run_session.RunSession(str(workdir), make(), FakeManager(str(workdir)),
+                              restored_step=None) as s:
+    time.sleep(0.1)
+    assert not s.stop_requested(1)
+
+
+@pytest.mark.parametrize("text,seconds", [("", None), ("90s", 90.0), ("9m", 540.0),
+                                          ("1h30m", 5400.0), ("2.5h", 9000.0),
+                                          ("600", 600.0), (" 1M ", 60.0)])
+def test_max_runtime_reads_durations(text, seconds):
+  assert config_lib.max_runtime_seconds(pretraining_config(max_runtime=text)) == seconds
+
+
+@pytest.mark.parametrize("loop", [0, 1], ids=["pretraining", "fine-tuning"])
+@pytest.mark.parametrize("bad", ["9 minutes", "0", "-5m", "1d", "m"])
+def test_a_bad_max_runtime_is_refused_in_one_line(tmp_path, loop, bad):
+  validate = [config_lib.validate, finetune_run.validate][loop]
+  config = both_modes(tmp_path)[loop][1](max_runtime=bad)
+  with pytest.raises(ValueError) as refused:
+    validate(config)
+  problems = [line for line in str(refused.value).splitlines() if "max_runtime" in line]
+  assert len(problems) == 1 and "give a duration such as 90s, 9m or 1h30m" in problems[0]
+
+
+def test_a_pretraining_past_max_runtime_saves_and_the_same_command_goes_on(
+    tmp_path, tokenizer_file):
+  """The run past its limit checkpoints the step it reached and returns (exit 0
+  from the CLI); the same config without the limit resumes there and finishes."""
+  from maelm_jax.run import checkpoints, train  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / "run")
+  make = lambda limit: pretraining_config(**{
+      "max_runtime": limit, "total_steps": 6, "log_every": 1, "eval_every": 6,
+      "eval_batches": 1, "checkpoint_every": 100, "data.source": "pydoc:",
+      "data.eval_fraction": 0.05, "tokenizer.path": tokenizer_file,
+      "tokenizer.vocab_size": 600})
+  first = train.train_and_evaluate(make("0.1s"), workdir)  # Past it at step 1.
+  assert first["stopped_by"] == "max_runtime"
+  stopped_at = first["preempted_at_step"]
+  assert 1 <= stopped_at < 6
+  assert checkpoints.committed_steps(workdir) == [stopped_at]
+  last = train.train_and_evaluate(make(""), workdir)  # A longer limit is a resume too.
+  assert "stopped_by" not in last
+  assert [r["step"] for r in workdir_lib.read_metrics(workdir)] == [1, 2, 3, 4, 5, 6]
+  assert checkpoints.committed_steps(workdir)[-1] == 6

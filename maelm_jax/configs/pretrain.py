@@ -66,6 +66,11 @@ def get_config(arg=None):
   # workdir). "": off. A resumed workdir continues its W&B run.
   config.wandb_project = ""
   config.wandb_entity = ""  # The W&B team or user; "": the logged-in default.
+  # A wall-clock limit for this process's run ("90s", "9m", "1h30m"; "": none),
+  # counted from when its state is built or restored: at the first step boundary
+  # past it the run saves a checkpoint and exits 0; the same command goes on (for
+  # machines with a time limit: Colab, Kaggle, preemptible jobs with a cap).
+  config.max_runtime = ""
   config.weight_decay = 0.01  # AdamW's decoupled weight decay.
   # "matrices": AdamW decays kernels and embeddings, not biases nor LayerNorm
   # scales (BERT's rule); "all": every parameter (the MAE-LM release's fairseq).

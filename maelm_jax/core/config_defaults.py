@@ -55,6 +55,7 @@ ADDED_KEYS = {
     "profile_steps": "",  # No trace.
     "wandb_project": "",  # No W&B logging (run/wandb_writer.py).
     "wandb_entity": "",
+    "max_runtime": "",  # No wall-clock limit (run/preemption.py).
 }
 
 

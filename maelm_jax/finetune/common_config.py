@@ -46,3 +46,8 @@ def add_common_keys(config) -> None:
   # workdir). "": off. A resumed workdir continues its W&B run.
   config.wandb_project = ""
   config.wandb_entity = ""  # The W&B team or user; "": the logged-in default.
+  # A wall-clock limit for this process's run ("90s", "9m", "1h30m"; "": none),
+  # counted from when its state is built or restored: at the first step boundary
+  # past it the run saves a checkpoint and exits 0; the same command goes on (for
+  # machines with a time limit: Colab, Kaggle, preemptible jobs with a cap).
+  config.max_runtime = ""

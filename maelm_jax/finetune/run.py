@@ -99,6 +99,8 @@ def validate(config) -> None:
        f"dtype={config.dtype!r} must be '' (the pretrained model's), 'bfloat16' or "
        "'float32'")
   need(config.log_every >= 1, f"log_every={config.log_every} must be >= 1")
+  need(config_lib.max_runtime_problem(config) is None,
+       config_lib.max_runtime_problem(config))
   need(wandb_writer.problem(config) is None, wandb_writer.problem(config))
   if errors:
     raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))

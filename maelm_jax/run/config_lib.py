@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import re
 
 import ml_collections
 
@@ -160,6 +161,37 @@ def profile_steps(config) -> tuple[int, int] | None:
     raise ValueError(f"profile_steps={text!r}: give 'A,B' with 1 <= A < B, the "
                      "steps A..B-1 traced, e.g. --config.profile_steps=10,13")
   return first, end
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([hms])")
+
+
+def max_runtime_problem(config) -> str | None:
+  """max_runtime's one-line refusal, or None."""
+  try:
+    max_runtime_seconds(config)
+  except ValueError as error:
+    return str(error)
+  return None
+
+
+def max_runtime_seconds(config) -> float | None:
+  """config.max_runtime ("90s", "9m", "1h30m", or a number of seconds) in
+  seconds; None for "" (no limit)."""
+  text = str(defaults.get(config, "max_runtime")).strip().lower()
+  if not text:
+    return None
+  if re.fullmatch(r"\d+(?:\.\d+)?", text):
+    seconds = float(text)
+  elif re.fullmatch(r"(?:\d+(?:\.\d+)?[hms])+", text):
+    unit = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    seconds = sum(float(n) * unit[u] for n, u in _DURATION.findall(text))
+  else:
+    seconds = 0.0
+  if seconds <= 0:
+    raise ValueError(f"max_runtime={text!r}: give a duration such as 90s, 9m or "
+                     "1h30m, or a number of seconds ('': no limit)")
+  return seconds
 
 
 def mask_ratios(config: ml_collections.ConfigDict) -> tuple[float, ...]:
@@ -329,6 +361,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     profile_steps(config)
   except ValueError as error:
     raise ValueError(str(error)) from None
+  need(max_runtime_problem(config) is None, max_runtime_problem(config))
   need(wandb_writer.problem(config) is None, wandb_writer.problem(config))
   need(defaults.get(config, "total_flops") >= 0,
        f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
@@ -359,7 +392,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 # Keys that may change when resuming a workdir: run length, cadence, hardware.
 RESUMABLE_CHANGES = frozenset({
     "total_steps", "total_flops", "lr_schedule_segments", "compilation_cache_dir",
-    "profile_steps", "wandb_project", "wandb_entity",
+    "profile_steps", "wandb_project", "wandb_entity", "max_runtime",
     "log_every", "eval_every", "eval_batches", "checkpoint_every",
     "baseline_tokens",
     "keep_checkpoints", "checkpoint_keep_period", "mesh_shape",
@@ -397,7 +430,7 @@ def with_added_keys(saved: dict, current: dict) -> dict:
 FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
                                         "compilation_cache_dir",
                                         "wandb_project", "wandb_entity",
-                                        "start_over", "keep_final_checkpoint",
+                                        "max_runtime", "start_over", "keep_final_checkpoint",
                                         "log_every", "attention_impl"})
 
 

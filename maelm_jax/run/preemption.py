@@ -1,5 +1,6 @@
 """Knowing when to checkpoint and stop: the machine is being taken away
-(SIGTERM) or the user pressed Ctrl-C (SIGINT).
+(SIGTERM), the user pressed Ctrl-C (SIGINT), or the run's wall-clock limit
+(`max_runtime`) has passed.
 
 Multi-host runs (JAX's coordination service is up) use JAX's preemption sync
 point through orbax: SIGTERM on any host is propagated to all, and they agree on
@@ -10,13 +11,15 @@ at the next step boundary.
 
 The first SIGINT saves and stops like SIGTERM; a second one, while the save is
 still under way, aborts at once (KeyboardInterrupt), as a user pressing Ctrl-C
-twice expects.
+twice expects. A passed `max_runtime` stops like SIGTERM too (in a multi-host run,
+a process past it sends itself SIGTERM, so that all agree on the step).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 from absl import logging
 import jax
@@ -24,10 +27,12 @@ import jax
 
 class PreemptionWatcher:
 
-  def __init__(self, manager):
+  def __init__(self, manager, max_runtime_s: float | None = None):
     self._manager = manager
     self._use_jax = jax.distributed.is_initialized()
-    self.signal_name = None  # 'SIGTERM' or 'SIGINT' once one arrived.
+    # 'SIGTERM', 'SIGINT' or 'max_runtime' once one came.
+    self.signal_name = None
+    self._deadline = None if max_runtime_s is None else time.monotonic() + max_runtime_s
     self._previous = {}
     wanted = [signal.SIGINT] if self._use_jax else [signal.SIGTERM, signal.SIGINT]
     for signum in wanted:
@@ -59,6 +64,13 @@ class PreemptionWatcher:
 
   def reached(self, step: int) -> bool:
     """Call after every step; True means: save now and exit."""
+    if (self._deadline is not None and self.signal_name is None
+        and time.monotonic() >= self._deadline):
+      logging.warning("max_runtime passed at step %d: saving a checkpoint, then "
+                      "stopping", step)
+      self.signal_name = "max_runtime"
+      if self._use_jax:  # Let JAX agree on the step with the other hosts.
+        os.kill(os.getpid(), signal.SIGTERM)
     if self._use_jax:
       return self._manager.reached_preemption(step)
     return self.signal_name is not None

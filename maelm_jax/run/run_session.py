@@ -120,7 +120,8 @@ class RunSession:
       storage.push(workdir)
     self.page_releaser = host_memory.FreePageReleaser()
     try:
-      self.watcher = preemption.PreemptionWatcher(manager)
+      self.watcher = preemption.PreemptionWatcher(
+          manager, config_lib.max_runtime_seconds(config))
     except BaseException:
       self.writer.close()
       raise  # The caller's closed_on_error closes the manager.
@@ -134,15 +135,17 @@ class RunSession:
       storage.push(self.workdir, force=False)
 
   def stop_requested(self, step: int) -> bool:
-    """True once a SIGTERM / SIGINT has come (on any process): save and stop."""
+    """True once a SIGTERM / SIGINT has come (on any process), or max_runtime has
+    passed: save and stop."""
     return self.watcher.reached(step)
 
   def stopped(self, step: int) -> dict:
     """The stop's one message, and the record both loops return for it."""
     signal_name = self.watcher.signal_name or "SIGTERM"
+    why = {"SIGINT": "interrupted (Ctrl-C)", "max_runtime": "max_runtime reached"}
     logging.warning("%s: saved a checkpoint at step %d in %s; run the same command "
-                    "to resume", "interrupted (Ctrl-C)" if signal_name == "SIGINT"
-                    else "preempted", step, self.manager.directory)
+                    "to resume", why.get(signal_name, "preempted"), step,
+                    self.manager.directory)
     return {"preempted_at_step": step, "stopped_by": signal_name}
 
   def close(self) -> None:
