@@ -1,5 +1,5 @@
 #!/bin/bash
-# The relative position bias on a GPU, side by side in one GPU run (issue 40):
+# The relative position bias on a GPU, side by side in one GPU run:
 # `base` at length 512 (bf16, scanned, dropout 0, cuDNN attention) with
 #   fixed: this tree (the bias table's gradient by a masked sum per row, the bias
 #          cast to bf16 once before the layers) for MLM, MAE-LM and 3ML (cross);

@@ -1,7 +1,7 @@
 r"""How far to trust the planner's roofline: plan a step for this machine's own
 accelerator, then run that same compiled step and time it.
 
-  # on a GPU (issue 39: "compare the same roofline on a GPU step with its measured time")
+  # on a GPU
   python benchmarks/roofline_check.py --config=configs/pretrain.py:objective=mlm,size=base \
       --set=seq_len=512 --set=batch_size=128 --set=model.dtype=bfloat16 \
       --set=model.scan_layers=True --json=/tmp/roofline.json

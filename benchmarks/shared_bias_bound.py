@@ -1,5 +1,5 @@
 r"""What a relative position bias shared across the batch would save on a GPU: an
-upper bound, measured before building it (issue 40, Part 1).
+upper bound, measured before building it.
 
 Today every layer's cuDNN attention reads a `[B, H, L, L]` bias (padding mask +
 relative position bias; `model.Stack`) and writes its `[B, H, L, L]` gradient, and
@@ -11,10 +11,11 @@ This runs `benchmarks/train_throughput.py` (all its flags) with the model patche
 so that the bias is computed from the first row's positions and the padding mask
 is left out: exact for the benchmark's full rows without padding, *not* for real
 data with padding and *not* for MAE-LM (whose rows keep different positions), so
-use it with `--objectives=mlm` only. It measured 1.17x (benchmarks/RESULTS.md, "A
-third call"); the real change is now in the model (`model.Encoder.right_padded`:
-the padding as cuDNN's key lengths, the bias shared), and this script stays as
-the record of how the bound was measured.
+use it with `--objectives=mlm` only. It measured 1.17x
+(benchmarks/gpu-throughput.md, "Unrolled against scanned layers"); the real
+change is now in the model (`model.Encoder.right_padded`: the padding as cuDNN's
+key lengths, the bias shared), and this script stays as the record of how the
+bound was measured.
 
   python benchmarks/shared_bias_bound.py --sizes=base --seq_lens=512 --objectives=mlm \
       --dtype=bfloat16 --attention_impls=auto --scan_layers --dropout=0 \

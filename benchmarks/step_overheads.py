@@ -3,7 +3,7 @@ step at the peer race's configuration (benchmarks/peer_race.py), timed side by
 side in one process.
 
   .venv/bin/python benchmarks/step_overheads.py                 # float32
-  .venv/bin/python benchmarks/step_overheads.py --dtype=bfloat16 --out=benchmarks/RESULTS.md
+  .venv/bin/python benchmarks/step_overheads.py --dtype=bfloat16 --out=benchmarks/peer-race.md
 
 Variants (each its own compiled step and state; everything else as the race):
   as raced          dropout 0.1 (hidden and attention), none inside the FFN;

@@ -2,8 +2,8 @@ r"""Train-step throughput (tokens/s) of MLM, MAE-LM and 3ML at several sizes and
 
 Measures the real compiled train step (`train_lib.jit_steps`: masking, forward,
 backward, AdamW update, state donated) on random token ids, and writes a markdown
-table into `benchmarks/RESULTS.md` between `<!-- throughput:start -->` and
-`<!-- throughput:end -->` (the rest of the file is kept).
+table into `benchmarks/cpu-speed-and-memory.md` between `<!-- throughput:start -->`
+and `<!-- throughput:end -->` (the rest of the file is kept).
 
   python benchmarks/train_throughput.py                      # the defaults below
   python benchmarks/train_throughput.py --dtype float32,bfloat16
@@ -67,7 +67,7 @@ from maelm_jax.data.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, SEP_ID  # noq
 
 VOCAB_SIZE = 8192
 START, END = "<!-- throughput:start -->", "<!-- throughput:end -->"
-DEFAULT_OUT = "benchmarks/RESULTS.md"
+DEFAULT_OUT = "benchmarks/cpu-speed-and-memory.md"
 
 # Benchmark name -> (config objective, extra model overrides).
 OBJECTIVES = {

@@ -5,7 +5,7 @@
 # Under glibc's malloc a run's resident memory creeps up with every checkpoint
 # save (~12 MB per 1,000 steps of `tiny` at the default cadence: its arenas keep
 # freed host buffers between live ones); with jemalloc preloaded it stays flat
-# (docs/long-runs-and-faults.md; benchmarks/RESULTS.md, "Hours of running"). The search is
+# (docs/long-runs-and-faults.md; benchmarks/soak.md). The search is
 # that of maelm_jax/run/host_memory.py's find_jemalloc; the run's log then says
 # "host allocator: jemalloc".
 #

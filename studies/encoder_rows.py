@@ -1,7 +1,7 @@
 r"""One JSON row per pretrained encoder: its compute, held-out `[MASK]` accuracy,
 BLiMP and GLUE (median, low, high over seeds), readable without the prose around
 them (`studies/results/*.json`); and, from those rows, the table and the figure of
-studies/RESULTS.md ("Every encoder by one protocol").
+studies/does-pretraining-pay.md ("Every encoder by one protocol").
 
   python studies/encoder_rows.py --encoders=mlm_8x256=W1,maelmx_8x256=W2 \
       --blimp=BLIMP_OUT/blimp.json [--scores=SCORE_OUT/scores.json] \
@@ -120,7 +120,7 @@ def _scored(entry) -> str:
 
 
 def markdown(rows) -> list[str]:
-  """The table of studies/RESULTS.md: one line a row, in the file's order."""
+  """The table of studies/does-pretraining-pay.md: one line a row, in the file's order."""
   lines = ["| encoder | where | pretraining | tokens | held-out [MASK] acc | BLiMP | "
            + " | ".join(TASK_TITLES.values()) + " |",
            "|---|---|--:|--:|--:|--:|" + "--:|" * len(TASKS)]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 40 in one GPU run with a time limit (TIME_LIMIT_S, 10 minutes at most
+# One GPU run with a time limit (TIME_LIMIT_S, 10 minutes at most
 # there; 64 MiB of inputs, 8 files of 16 MiB of results). Phases, each writing
 # under $OUT_DIR as it ends, so that a run cut short keeps what it measured:
 #   1a. the measured ceiling (an 8192^3 bf16 matrix product) and the pretraining
@@ -10,13 +10,13 @@
 #   2.  MLM and MAE-LM (cross) at SHAPE pretrained one after the other, each with the
 #       whole GPU, at one FLOP budget: the slower objective's measured rate x SAFETY x
 #       the seconds each run gets for training; each stopped by SIGTERM (which saves)
-#       at its share of the call; the newest params come back as bfloat16 tar parts
+#       at its share of the run; the newest params come back as bfloat16 tar parts
 #       (studies/slim_workdir.py) with the run's metrics and config;
 #   1c. with whatever time is left, `small` at 128 and 512 and `base` at 128, then the
 #       input pipeline (tokenizing text) on the host's cores.
-# Needs, carried in ignored folders: .whl (grain, array_record, ml_collections,
+# Needs, in ignored folders beside the checkout: .whl (grain, array_record, ml_collections,
 # portpicker, tensorboardX wheels for Python 3.12), .gpu/data/*.jsonl.xz (the text),
-# .gpu/tokenizer.model. Run from the repository root on the device:
+# .gpu/tokenizer.model. Run from the repository root on the GPU machine:
 #   OUT_DIR=$OUT_DIR TIME_LIMIT_S=570 bash studies/gpu_call.sh
 # A smoke test of the plumbing on a CPU (tiny shapes, seconds per phase):
 #   SMOKE=1 OUT_DIR=/tmp/smoke PY=.venv/bin/python bash studies/gpu_call.sh

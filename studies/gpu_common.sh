@@ -1,4 +1,4 @@
-# Sourced by the time-limited GPU scripts of issue 40 (studies/gpu_call.sh,
+# Sourced by the time-limited GPU scripts (studies/gpu_call.sh,
 # studies/gpu_grow.sh): the run's clock (TIME_LIMIT_S), its timeline, the wheels
 # copied in beside the checkout (.whl), and one throughput invocation. Each run had
 # at most 10 minutes, 64 MiB of inputs and 8 files of 16 MiB of results, so every

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Issue 40, Part 2: GLUE for the encoders pretrained on the device, on the device. One
-# call. (First, for issue 39, about two minutes: benchmarks/roofline_check.py times
+# GLUE for the encoders pretrained on the GPU machine, on the GPU machine. One GPU
+# run. (First, about two minutes: benchmarks/roofline_check.py times
 # `base` MLM and MAE-LM at 512 against the planner's roofline; roofline.jsonl.) On the 2 CPU cores one fine-tuning run of an 8 x 256 encoder took 8-14 minutes
 # (18 runs an encoder: 3 tasks x (3 rates picked on training data + 3 seeds)); here
 # every (encoder, task) pair is its own process with its share of the GPU's memory,
@@ -8,16 +8,16 @@
 # configs/compare.py get_finetune: float32, mean pooling, SST-2 8,000 examples x 2
 # epochs, QNLI-half x 3, CoLA x 2, the rate picked on a split of the training data,
 # medians of seeds 1-3), so the rows sit beside the CPU-scored ones.
-# Carried in an ignored folder .glue (about 40 MB with three encoders):
+# Reads from an ignored folder .glue (about 40 MB with three encoders):
 #   .glue/data/{SST-2,QNLI,CoLA}  the tasks' tsv files, copied from ../shared/data/glue
 #   .glue/enc/<name>/             each encoder as a slim bfloat16 workdir (what the
-#                                 pretraining calls bring back; studies/slim_workdir.py
+#                                 pretraining runs bring back; studies/slim_workdir.py
 #                                 SRC .glue/enc/NAME --dtype=bfloat16 makes one)
-#   .glue/done/ (optional)        glue_runs.tar.xz of an earlier call: its finished
+#   .glue/done/ (optional)        glue_runs.tar.xz of an earlier run: its finished
 #                                 runs are skipped (the same paths, the same configs)
 # For example, the baseline and one variant a knob probe brought back (score them
 # before the machine that holds them goes):
-#   bash studies/prepare_carry.sh glue
+#   bash studies/prepare_gpu_inputs.sh glue
 #   cat knobs.tar.part* | tar -C .glue/enc -xf - ./base ./geglu
 # On the GPU machine, from the repository root (ROOFLINE_S=0 leaves out phase 0
 # when little of the time limit is left):
@@ -38,7 +38,7 @@ if [ "${SMOKE:-0}" = 1 ]; then  # One rate, and JAX on the CPU (no chip constant
 fi
 source studies/gpu_common.sh
 
-# ---------------------------------------------------------------- 0. issue 39's roofline
+# ---------------------------------------------------------------- 0. the roofline check
 # The planner's roofline against the measured time of the executable it compiled
 # (benchmarks/roofline_check.py), `base` MLM and MAE-LM at 512, with the GPU alone.
 ROOFLINE_END=$(( SECONDS - START + ROOFLINE_S ))
@@ -93,7 +93,7 @@ stamp "fine-tuned: $(find $RUNS -name eval_results.json | wc -l) runs finished"
 
 # ---------------------------------------------------------------- bring back
 # The scores merged per encoder, and every run's results without checkpoints (a
-# later call carries them in as .glue/done and skips them).
+# later run carries them in as .glue/done and skips them).
 $PY - $RUNS $OUT_DIR/glue.json <<'EOF'
 import json, pathlib, sys
 runs, merged = pathlib.Path(sys.argv[1]), {}

@@ -1,32 +1,32 @@
 #!/bin/bash
-# Issue 40 in one GPU run, the kind that repeats: Part 1's next levers at
-# `base`/512 side by side, then one encoder that grows across calls (Part 2:
+# One GPU run, the kind that repeats: Part 1's next levers at
+# `base`/512 side by side, then one encoder that grows across runs (Part 2:
 # "accumulate compute across runs"). Phases, each writing under $OUT_DIR as it ends:
 #   1. `base`/512, bf16, dropout 0, the fastest attention, batch 128, the default
 #      unrolled layers: MLM, MAE-LM and 3ML (cross) in one process, so their step
 #      ratios compare on one machine; then the pretraining shape (8 x 128 at 128) of
-#      MLM and MAE-LM (cross). The first call (2026-11-27) timed scanned against
-#      unrolled and the batch-shared bias's bound here (benchmarks/RESULTS.md, "A
-#      third call"); this phase now measures odd lengths padded for cuDNN (3ML's
+#      MLM and MAE-LM (cross). The first GPU run (2026-11-27) timed scanned against
+#      unrolled and the batch-shared bias's bound here (benchmarks/gpu-throughput.md,
+#      "Unrolled against scanned layers"); this phase now measures odd lengths padded for cuDNN (3ML's
 #      encoder at 309 tokens, MAE-LM's at 111 and the cross decoders' K ran the
 #      einsum before).
 #   2. GROW: MAE-LM (cross) at 8 x 128 (configs/compare.py:size=tiny with 8 layers,
 #      the shape of the best BLiMP so far), batch 256 x 128, bf16, ONE schedule of
-#      GROW_TFLOPS spread over as many calls as it takes. The run's workdir (its
+#      GROW_TFLOPS spread over as many runs as it takes. The run's workdir (its
 #      newest checkpoint only: parameters, Adam moments, the data iterator) comes
-#      back as grow.tar.partNN; the next call carries those parts in .grow/parts and
+#      back as grow.tar.partNN; the next run reads those parts from .grow/parts and
 #      this same script resumes the run where it stopped: the token ids
 #      are prepared again from the same text into the same path, and prepare_data
 #      writes one shard per text file, the same shards each time. The run is stopped
-#      by SIGTERM (which saves) at its share of the call. Its config stays as the
-#      first call set it (scanned layers, which the resumed state is stored as);
-#      the code may change between calls (from the second call on, its encoder's
+#      by SIGTERM (which saves) at its share of the run. Its config stays as the
+#      first run set it (scanned layers, which the resumed state is stored as);
+#      the code may change between runs (from the second run on, its encoder's
 #      odd length 111 runs cuDNN instead of the einsum, equal up to rounding).
 #   3. the input pipeline on the host's cores (text -> batches), with what is left.
-# Carried in ignored folders: .whl (grain, array_record, ml_collections, portpicker,
+# Reads from ignored folders beside the checkout: .whl (grain, array_record, ml_collections, portpicker,
 # tensorboardX wheels for Python 3.12) and .grow: data/*.jsonl.xz (the text, chosen
-# so that text + the 36 MB state + code + wheels fit the 64 MiB a call takes in),
-# tokenizer.model, parts/ (after the first call). On the device, from the repository
+# so that text + the 36 MB state + code + wheels fit the 64 MiB a run takes in),
+# tokenizer.model, parts/ (after the first run). On the device, from the repository
 # root:
 #   OUT_DIR=/path/to/results TIME_LIMIT_S=570 bash studies/gpu_grow.sh
 # A smoke test on a CPU (tiny shapes; run it twice: the second run resumes from the
@@ -93,7 +93,7 @@ grow() {  # grow ATTENTION_IMPL LOG: the run until its share of the call.
 grow auto grow.log
 RC=$?
 # A kernel path that fails on this machine (an error, not the time limit: 124) must
-# not cost the call: the same run goes on with the einsum (attention_impl is a
+# not cost the run: the same run goes on with the einsum (attention_impl is a
 # runtime choice; a run resumes under another).
 if [ $RC -ne 0 ] && [ $RC -ne 124 ] && [ $(( $(left) - BRING_BACK_S - TAIL_S )) -gt 60 ]; then
   rm -f $RUN/.lock

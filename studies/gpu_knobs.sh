@@ -1,7 +1,7 @@
 #!/bin/bash
-# Issue 40, Part 2: do the BabyLM winners' knobs help at equal FLOPs? One device
-# call. The rule that decides is written before the runs (studies/RESULTS.md, "The
-# BabyLM knobs"). Each variant is a whole schedule of KNOB_TFLOPS on the grow run's
+# Do the BabyLM winners' knobs help at equal FLOPs? One GPU
+# run. The rule that decides is written before the runs (studies/babylm-knobs.md,
+# "The rule"). Each variant is a whole schedule of KNOB_TFLOPS on the grow run's
 # shape, data and recipe (studies/gpu_grow.sh: MAE-LM with a cross decoder, 8 x 128,
 # batch 256 x 128, bf16, dropout 0, scanned, AdamW at 1e-3 with 6% warm-up):
 #   base        the grow run's config
@@ -15,12 +15,12 @@
 #   adam3, adam10  not knobs: the baseline's AdamW at those rates (VARIANTS=...)
 # SEED=1 runs every variant's second pretraining seed (the rule's confirmation).
 # The variants run at the same time, each with its share of the GPU's memory: at this
-# shape one run is bound by launching small kernels (3.5% MFU in the grow call), so
+# shape one run is bound by launching small kernels (3.5% MFU in the grow run), so
 # several processes fill the GPU better than one after another. Each writes its
 # metrics as it goes; at the end BLiMP (36 paradigms, the first 200 pairs each, the
 # protocol's) scores them all on the GPU, and their params come back as bfloat16
 # (studies/slim_workdir.py) in tar parts.
-# Carried in ignored folders: .whl, .grow/data (the text), .grow/tokenizer.model, and
+# Reads from ignored folders beside the checkout: .whl, .grow/data (the text), .grow/tokenizer.model, and
 # .knobs/blimp (the first 200 lines of each paradigm of ../shared/data/blimp: the
 # same pairs, 2 MB):
 #   mkdir -p .knobs/blimp && for f in ../shared/data/blimp/*.jsonl; do
@@ -30,7 +30,7 @@
 # A smoke test on a CPU (tiny shapes, a few pairs):
 #   SMOKE=1 OUT_DIR=/tmp/knobs_smoke PY=.venv/bin/python bash studies/gpu_knobs.sh
 # The probe at the CPU study's scale (2 x 128, 15 TFLOP each, 29 minutes of
-# 2 cores; studies/RESULTS.md, "The BabyLM knobs"):
+# 2 cores; studies/babylm-knobs.md):
 #   CPU=1 OUT_DIR=/tmp/knobs_cpu PY=.venv/bin/python TIME_LIMIT_S=9000 bash studies/gpu_knobs.sh
 KNOB_TFLOPS=${KNOB_TFLOPS:-1200}; BLIMP_S=${BLIMP_S:-150}; BRING_BACK_S=${BRING_BACK_S:-40}
 VARIANTS=${VARIANTS:-"base geglu normformer decay lamb3 lamb10"}
@@ -43,7 +43,7 @@ if [ "${SMOKE:-0}" = 1 ]; then  # The same steps at toy sizes, on any machine.
 fi
 if [ "${CPU:-0}" = 1 ]; then  # The probe at the CPU study's scale, on 2 cores: the
   # 2 x 128 encoder at batch 32 in float32, warm-up a third (a short schedule with
-  # less stays on the unigram plateau: studies/RESULTS.md), the protocol's BLiMP.
+  # less stays on the unigram plateau: studies/recipes-off-the-plateau.md), the protocol's BLiMP.
   KNOB_TFLOPS=${KNOB_TFLOPS_CPU:-15}; LAYERS=2; BATCH=32; DTYPE=float32; WARMUP=0.333
   EVAL_EVERY=250; MEM=0.9; WORKERS=0; BLIMP_S=${BLIMP_S_CPU:-2400}
 fi

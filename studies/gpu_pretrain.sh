@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 25's lever on one GPU (studies/RESULTS.md, "The lever on one GPU"): the
+# The lever on one GPU (studies/gpu-encoders.md, "8 x 128"): the
 # 8-layer tiny encoder of each objective in OBJECTIVES (names of configs/compare.py)
 # pretrained side by side on one GPU at one FLOP budget, sized by a probe of all of
 # them running together so that each finishes its schedule in about SAFETY * RUN_S
@@ -15,7 +15,7 @@
 #   DATA='/data/imdb/*.jsonl.xz,/data/wiki/*.jsonl.xz' TOKENIZER=/work/study/tokenizer/tokenizer.model \
 #     OBJECTIVES="mlm maelmx 3mlx" BATCH=256 PREPARE=1 BLIMP=/data/blimp RUN_S=360 \
 #     OUT_DIR=/tmp/out bash studies/gpu_pretrain.sh
-# The measurements in RESULTS ran with DTYPE=float32 and the earlier probe (see below):
+# The measurements in studies/gpu-encoders.md ran with DTYPE=float32 and the earlier probe (see below):
 #   first: OBJECTIVES="mlm maelmx" BATCH=128 PREPARE=0 RUN_S=300 SAFETY=1 RUN_GRACE=120
 #   second: OBJECTIVES="mlm maelmx 3mlx" BATCH=256 PREPARE=1 WORKERS=4 RUN_S=360 SAFETY=0.8
 set -u

@@ -1,6 +1,7 @@
 r"""BLiMP and held-out [MASK] accuracy against pretraining FLOPs (log axis) for
 runs of very different budgets, e.g. the CPU study's 8-layer MLM against the
-same model pretrained on one GPU (studies/RESULTS.md, "The lever on one GPU").
+same model pretrained on one GPU (studies/gpu-encoders.md, "8 x 128, batch 128, float32,
+one H200").
 
   python studies/lever_plot.py --out=docs/lever_gpu.png \
       --run=mlm_cpu_240tf=/work/study8/pretrain/mlm_seed0:/work/study8/blimp/mlm_seed0 \

@@ -23,8 +23,9 @@ Steps (everything through the project's public entry points):
   4. report the median over seeds of each run's *last* epoch (no selection on the
      scored set), per task and initialisation, and the gain.
 
-Writes its section of `--results` (between `<!-- pretraining_helps:start -->` and
-`<!-- pretraining_helps:end -->`) and `summary.json` in `--workdir`. Needs
+Writes its section of `--results` (default studies/pretraining-on-the-books.md,
+between `<!-- pretraining_helps:start -->` and `<!-- pretraining_helps:end -->`) and
+`summary.json` in `--workdir`. Needs
 ../shared/data (not part of the project).
 """
 
@@ -72,7 +73,8 @@ def parse_args(argv=None):
   p.add_argument("--sst2_examples", type=int, default=8000)
   p.add_argument("--epochs", default="sst2=2,qnli=3,cola=2")
   p.add_argument("--max_seq_len", default="sst2=64,qnli=128,cola=48")
-  p.add_argument("--results", default=str(REPO / "studies" / "RESULTS.md"))
+  p.add_argument("--results",
+                 default=str(REPO / "studies" / "pretraining-on-the-books.md"))
   p.add_argument("--dry_run", action="store_true",
                  help="tiny settings, results not written (smoke test)")
   argv = sys.argv[1:] if argv is None else list(argv)

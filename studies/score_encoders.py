@@ -9,9 +9,9 @@ config). Resumable: finished runs are skipped.
       --glue_dir=../shared/data/glue --tasks=sst2,qnli,cola \
       --blimp_dir=../shared/data/blimp --blimp_max_pairs=200
 
-Used for issue 25's lever: an 8-layer `tiny` pretrained on one GPU, fine-tuned
+Used for the lever: an 8-layer `tiny` pretrained on one GPU, fine-tuned
 and scored on the 2 CPU cores exactly as `/work/study8`'s encoders were
-(studies/RESULTS.md, "The lever").
+(studies/does-pretraining-pay.md, "On one GPU").
 """
 
 import json

@@ -1,4 +1,5 @@
-r"""The figures behind studies/RESULTS.md, "Does pretraining pay?", that are not a run's output.
+r"""The figures behind studies/does-pretraining-pay.md and studies/fine-tuning-protocol.md
+that are not a run's output.
 
   python studies/study_diagnostics.py corpus     # read time, peak RSS, tokenizer sample mix
   python studies/study_diagnostics.py weights --pretrained=W --step=3000 --control=C
@@ -14,7 +15,7 @@ weights     RMS of every encoder tensor, pretrained against the control (the
             the share of SST-2's first 4,000 training sentences' tokens with id >= cut.
 blimp_nats  nats per masked token of BLiMP's good sentences by token PLL, alone and
             packed eight to a row (does the model read short sentences?).
-transplant  SST-2 fine-tuning (the RESULTS protocol, rates 1e-4 and 3e-4, 3 seeds) of
+transplant  SST-2 fine-tuning (the studies' protocol, rates 1e-4 and 3e-4, 3 seeds) of
             the pretrained encoder whose pieces from id `cut` on get the control's
             random directions at their own norms.
 """

@@ -54,7 +54,7 @@ def tokenizer_file(tmp_path_factory):
 
 
 # Test functions of other files measured at about 8 s or more on the 2 cores
-# (benchmarks/RESULTS.md, "Test suite cost"): one `file::name` a line, every
+# (benchmarks/test-suite-cost.md): one `file::name` a line, every
 # parameter case included; `make test-quick` leaves them out. The twelve files
 # that start runs as processes are marked slow as a whole (their `pytestmark`).
 SLOW_TESTS = pathlib.Path(__file__).with_name("slow_tests.txt")

@@ -1,6 +1,6 @@
 """The fault-injection harness (maelm_jax.tools.chaos), short: a pretraining and its
 fine-tuning killed in chosen phases, then compared bit for bit with
-uninterrupted runs. The long random version is benchmarks/RESULTS.md's."""
+uninterrupted runs. The long random version is in benchmarks/faults.md."""
 
 import json
 import shutil

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import pathlib
 import re
+import subprocess
 
 import pytest
 
@@ -18,7 +19,10 @@ DOCS = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
                REPO / "studies" / "README.md", *(REPO / "docs").glob("*.md")])
 # The results' links and figures are checked too; their commands are history (a
 # key since renamed stays as it ran).
-RESULTS = [REPO / "benchmarks" / "RESULTS.md", REPO / "studies" / "RESULTS.md"]
+BENCHMARK_PAGES = sorted(p for p in (REPO / "benchmarks").glob("*.md")
+                         if p.name != "README.md")  # README.md is in DOCS.
+RESULTS = [*BENCHMARK_PAGES,  # studies/: RESULTS.md (the index) and its question pages.
+           *sorted(p for p in (REPO / "studies").glob("*.md") if p.name != "README.md")]
 # A markdown link or image: [text](target).
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 # A command, with its arguments to the end of the line or of the code span.
@@ -136,3 +140,29 @@ def test_the_configuration_reference_is_the_configs_own():
   for key in ("`batch_size`", "`model.objective`", "`data.source`", "`pooling`"):
     assert f"| {key} |" in written
   assert "|  |" not in written, "a key without a comment: add one in its config"
+
+
+# How the work was organised, which no reader can follow: the team's issue
+# numbers and work sessions, the GPU machine's calls, lending and carried folders.
+ORGANISATION_WORDS = re.compile(
+    r"\bdevice calls?\b|\blent\b|\bstops? \d+\b|\$OUT\b|\bCALL_S\b|\bcarry=|"
+    r"\bcarried (?:in|folders?|text)\b|\bthe carried\b|\bissues? \d+\b", re.IGNORECASE)
+
+
+def test_no_words_of_how_the_work_was_organised():
+  tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True,
+                           text=True, check=False).stdout.split()
+  if not tracked:
+    pytest.skip("not a git checkout")
+  hits = []
+  for name in tracked:
+    path = REPO / name
+    if name in ("LICENSE", "tests/test_docs.py") or not path.is_file():
+      continue
+    try:
+      text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+      continue  # Not text.
+    hits += [f"{name}:{n}: {m.group(0)!r}" for n, line in enumerate(text.splitlines(), 1)
+             for m in ORGANISATION_WORDS.finditer(line)]
+  assert not hits, "words of how the work was organised:\n" + "\n".join(hits[:40])

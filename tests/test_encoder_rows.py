@@ -1,7 +1,7 @@
 """studies/encoder_rows.py: a pretrained encoder's row (compute, held-out [MASK]
 accuracy, BLiMP, GLUE medians with their seed ranges) read from its workdir and the
-scorers' outputs, and the table and figure of studies/RESULTS.md drawn from the
-committed rows (studies/results/device_encoders.json)."""
+scorers' outputs, and the table and figure of studies/does-pretraining-pay.md drawn
+from the committed rows (studies/results/device_encoders.json)."""
 
 import json
 import pathlib
@@ -102,13 +102,13 @@ def test_the_figure_draws_each_run_against_flops_and_each_control_as_a_line(tmp_
 
 
 def test_the_results_table_is_the_committed_rows(capsys):
-  """studies/RESULTS.md carries the table the command prints from the JSON rows, so
-  a row added or rescored there cannot leave the prose's table behind."""
+  """studies/does-pretraining-pay.md carries the table the command prints from the
+  JSON rows, so a row added or rescored there cannot leave the prose's table behind."""
   assert encoder_rows.main(["--out", str(ROWS), "--markdown"]) == 0
   table = capsys.readouterr().out.strip()
   rows = json.loads(ROWS.read_text())
   assert len(table.splitlines()) == len(rows) + 2
-  assert table in (ROOT / "studies" / "RESULTS.md").read_text(), (
-      "studies/RESULTS.md's encoder table differs from studies/results/"
+  assert table in (ROOT / "studies" / "does-pretraining-pay.md").read_text(), (
+      "studies/does-pretraining-pay.md's encoder table differs from studies/results/"
       "device_encoders.json: paste the output of python studies/encoder_rows.py "
       "--out=studies/results/device_encoders.json --markdown")

@@ -58,7 +58,7 @@ def test_short_rows_get_zero_weight_not_special_targets():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_short_rows_drop_padding_then_separators_never_cls(seed):
-  # Issue 28's row: [CLS], 11 [SEP], 3 tokens, [SEP] at L=16. 3ML removes 5 slots
+  # A short document's row: [CLS], 11 [SEP], 3 tokens, [SEP] at L=16. 3ML removes 5 slots
   # but only 3 are maskable; it used to remove [CLS] (position 0) as well.
   row = np.array([2] + [3] * 11 + [7, 8, 9, 3])
   padded = np.array([2, 7, 3, 8, 3, 9, 3] + [0] * 9)  # Enough padding to drop.
@@ -150,7 +150,7 @@ def test_too_much_replacement_is_an_error():
 
 
 # ----------------------------------------------------------------- per-row counts
-# data.rows=complete_doc: rows of one document padded to L (issue 28).
+# data.rows=complete_doc: rows of one document padded to L.
 
 
 def draw_per_row(ids, ratio, replace, keep, drop, seed=0):

@@ -89,7 +89,7 @@ def test_default_tiny_recipe_leaves_the_plateau_on_real_text(tmp_path):
   """The guard on learning itself: a few hundred steps of the default recipe
   (configs/pretrain.py, recipe=fast) on held-out real text must beat the
   unigram cross-entropy on the [MASK]ed positions. The papers' recipe does not
-  (it sits on the plateau for thousands of steps; studies/RESULTS.md)."""
+  (it sits on the plateau for thousands of steps; studies/recipes-off-the-plateau.md)."""
   config = tiny_config("maelm", **{
       "data.source": "pydoc:", "data.eval_fraction": 0.1,
       "tokenizer.vocab_size": 2000, "batch_size": 32, "seq_len": 64,

@@ -18,9 +18,10 @@ encoder picks its own from on a split of the training data; default
 the same architecture after one step at learning rate 0, fine-tuned by the same
 protocol, so the table says whether pretraining helped at all).
 
-At 8 encoder layers of tiny's width, where skipping tokens pays (studies/RESULTS.md,
-"Deeper encoder"; 1e-3 was MLM's and MAE-LM's best rate there), as measured in
-studies/RESULTS.md, "At 8 encoder layers":
+At 8 encoder layers of tiny's width, where skipping tokens pays
+(studies/recipes-off-the-plateau.md, "At 8 encoder layers"; 1e-3 was MLM's and
+MAE-LM's best rate there), as measured in studies/objectives-at-equal-compute.md,
+"At 8 encoder layers":
 
   python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=80,seeds=0,\
 objectives=mlm+maelmx+3mlx,frac_3ml=0,random=1 --out=/tmp/compare8 --glue_dir=/data/glue \
@@ -29,7 +30,7 @@ objectives=mlm+maelmx+3mlx,frac_3ml=0,random=1 --out=/tmp/compare8 --glue_dir=/d
 
 `get_finetune` is the downstream protocol `maelm_jax.compare` applies to every
 pretrained encoder (configs/glue.py with these overrides; measured in
-studies/RESULTS.md, "Does pretraining help downstream?").
+studies/fine-tuning-protocol.md).
 """
 
 import importlib.util
@@ -71,10 +72,10 @@ def get_config(arg=None):
   config.total_flops = a.tflops * 1e12
   # Step counts differ between objectives at one budget; each warms up over the
   # same share of its run: a third, as in the plateau probes (200 of 600 steps,
-  # studies/RESULTS.md). With a tenth, tiny MLM was still on the unigram
+  # studies/recipes-off-the-plateau.md). With a tenth, tiny MLM was still on the unigram
   # plateau at step 500 of 664 (held-out [MASK] accuracy 7.2%).
   config.warmup_ratio = 1 / 3
-  if a.size == "tiny":  # As measured on 2 CPU cores (benchmarks/RESULTS.md).
+  if a.size == "tiny":  # As measured on 2 CPU cores (benchmarks/cpu-speed-and-memory.md).
     config.model.dtype = "float32"
     config.batch_size = 32
   # Every run's cadence: evaluate and save every 500 steps, log every 100.

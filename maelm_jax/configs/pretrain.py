@@ -210,7 +210,7 @@ def get_config(arg=None):
   # direction (mean cosine 0.71 after 600 tiny steps; untied 0.01). Untied is not
   # the default: it learned more slowly in the first few hundred steps on pydoc
   # and on synthetic text, and no downstream A/B has shown it better yet
-  # (studies/RESULTS.md, "Untied output embedding").
+  # (studies/recipes-off-the-plateau.md, "Untied output embedding").
   config.model.tie_embeddings = True
   config.model.layer_norm_eps = 1e-5  # An imported BERT (import_hf) keeps 1e-12.
 
@@ -219,13 +219,13 @@ def get_config(arg=None):
   return config
 
 
-# The default recipe, found by experiment (studies/RESULTS.md, "Recipes that
-# leave the plateau"): pre-LN, no dropout, a high peak learning rate with a short
+# The default recipe, found by experiment (studies/recipes-off-the-plateau.md,
+# "Which recipe leaves the plateau"): pre-LN, no dropout, a high peak learning rate with a short
 # warm-up, attention that prefers near neighbours from step 0, in the encoder and
 # in the MAE-LM / 3ML decoder, and 10% kept tokens for every objective. Peak
 # learning rates per size; tiny was measured here (at its 2 layers: deepened to 8,
-# mlm learns faster at 1e-3, maelm alike at 1e-3 to 3e-3; studies/RESULTS.md, "Deeper
-# encoder"), the larger sizes follow the same pre-LN practice (Cramming, 24hBERT)
+# mlm learns faster at 1e-3, maelm alike at 1e-3 to 3e-3; studies/recipes-off-the-plateau.md,
+# "At 8 encoder layers"), the larger sizes follow the same pre-LN practice (Cramming, 24hBERT)
 # scaled down with width.
 FAST_LEARNING_RATES = {"tiny": 3e-3, "small": 2e-3, "base": 1e-3, "large": 5e-4}
 RECIPES = ("fast", "paper")

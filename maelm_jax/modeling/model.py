@@ -61,7 +61,7 @@ NEG_INF = -1e9  # additive mask; finite so fully-masked rows stay NaN-free.
 # every matmul (recomputes layer norms, GELU, softmax);
 # 'dots_with_no_batch_dims_saveable': the outputs of the weight matmuls only (also
 # recomputes the attention scores and probabilities, the [B, H, L, L] tensors).
-# Peak memory of each: benchmarks/RESULTS.md.
+# What each keeps: benchmarks/cpu-speed-and-memory.md.
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -383,8 +383,8 @@ def _bias_for_kernel(cfg, bias, dropout_active: bool, q_len: int, kv_len: int):
   activation dtype, at even lengths (`attention.fused_attention` pads odd ones),
   so it is padded and cast here once rather than in every layer, and its
   gradient accumulates across the layers in that dtype (half the bytes, and no
-  per-layer conversion of a [B, H, n, m] tensor; benchmarks/RESULTS.md, "GPU
-  throughput"). Other kernels and the einsum keep float32."""
+  per-layer conversion of a [B, H, n, m] tensor; benchmarks/gpu-throughput.md,
+  "The relative-bias gradient fix"). Other kernels and the einsum keep float32."""
   if bias is not None and cfg.attention_backend(dropout_active, q_len, kv_len) == "cudnn":
     return attention.pad_bias(bias, attention.even_length(q_len),
                               attention.even_length(kv_len)).astype(cfg.dtype)

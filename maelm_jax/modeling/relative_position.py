@@ -11,7 +11,7 @@ query, half after), exact for small offsets and log-spaced up to `max_distance`:
     a `max_positions`-long sequence is 0 (64 buckets use rows 0..62).
 
 `recipe=paper` uses the release's function with its 64 buckets; the `fast`
-recipe keeps T5's 32 (what every measurement in benchmarks/RESULTS.md used).
+recipe keeps T5's 32 (what every measurement in benchmarks/ used).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def local_bias_init(cfg):
   it, attention reads the neighbourhood from step 0, which is what a masked
   slot needs first; with N(0, 0.02) every offset looks alike until the table
   has learned otherwise, and a decoder that sees no neighbours can settle on
-  the unigram guess before it does (studies/RESULTS.md, "Recipes").
+  the unigram guess before it does (studies/recipes-off-the-plateau.md).
   """
   num_buckets, max_distance = cfg.relative_buckets, cfg.relative_max_distance
   # Only offsets a sequence can hold: the release's function numbers its buckets
@@ -114,7 +114,7 @@ def lookup(table: jax.Array, buckets: jax.Array) -> jax.Array:
   Indexing's gradient is a scatter-add of every (query, key) pair's [H] vector
   into the R (32) rows of the table: on a GPU, tens of millions of atomic adds
   onto a few hundred addresses (a fifth of `base`'s step at length 512 on an H200,
-  benchmarks/RESULTS.md, "GPU throughput"). Here it is one masked sum per row,
+  benchmarks/gpu-throughput.md). Here it is one masked sum per row,
   which XLA fuses into a single reduction over the cotangent.
   """
   return table[buckets]

@@ -5,7 +5,7 @@ Checkpoint saves (host copies of the train state on orbax's threads),
 evaluations and compilations free host buffers that glibc keeps in its arenas,
 between live blocks. `malloc_trim(0)` returns every free whole page, wherever
 it lies: a `tiny` run's resident memory is about a third lower with it
-(`benchmarks/soak.py`; `benchmarks/RESULTS.md`, "Hours of running"). Both
+(`benchmarks/soak.py`; `benchmarks/soak.md`). Both
 loops call it through `FreePageReleaser` (RunSession.write): at a metrics
 record, at most once per 30 s, since each call walks the heap. Elsewhere
 (macOS, musl) there is no such call and this does nothing.

@@ -157,7 +157,7 @@ def scale_by_layer_decay(decay: float) -> optax.GradientTransformation:
   times the one above, the embeddings lowest. Placed after AdamW's weight decay,
   it scales the decay term too, as a per-layer learning rate does. It is meant
   to keep what pretraining put in the lower layers; at `tiny` on SST-2 and QNLI
-  it did not help (studies/RESULTS.md, "Why SST-2 does not gain here").
+  it did not help (studies/fine-tuning-protocol.md, "Settings that do not help").
   """
 
   def update(updates, state, params=None):
@@ -177,8 +177,8 @@ def scale_by_relative_size() -> optax.GradientTransformation:
   *relative* change per step of every tensor, whatever its scale.
 
   Why fine-tuning wants it: pretraining grows the weights (at `tiny`, kernels
-  and embeddings end 2-5x their initial RMS; studies/RESULTS.md, "Does
-  pretraining pay?"), so under plain AdamW, whose steps have a fixed absolute
+  and embeddings end 2-5x their initial RMS; studies/fine-tuning-protocol.md),
+  so under plain AdamW, whose steps have a fixed absolute
   size, one learning rate moves a pretrained encoder 2-5x less, relatively, than
   a freshly initialised one. Why pretraining may want it: LAMB pretrained BERT
   at large batches, and the BabyLM winners (LTG-BERT) pretrain with it

@@ -13,7 +13,7 @@ accessed` counts every operand whole; but a fusion that slices an operand reads
 the slice, and one that updates a slice of a buffer in place (a scanned stack's
 saved activations, the windowed matmuls of fsdp) writes the slice. Counted
 whole, those made the `small` model's step at length 512 "read" 41.7 GB per chip
-on v5e:2x2, about 20x its tensors (benchmarks/RESULTS.md, "The planning table").
+on v5e:2x2, about 20x its tensors (benchmarks/tpu-plans.md, "The HBM term").
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 #!/bin/bash
-# The ignored folders that issue 40's GPU runs read beside the checkout, made on
+# The ignored folders that the GPU runs read beside the checkout, made on
 # a CPU machine from the shared data and PyPI. A fresh machine holds only what is
 # in the repository (on 2026-11-28 the first run's 8 x 256 encoders and the grow
 # run's state were gone with the machine that brought them back), so this runs
 # first, before the GPU's time limit starts:
-#   bash studies/prepare_carry.sh whl grow knobs glue      # 48 s on 2 cores
+#   bash studies/prepare_gpu_inputs.sh whl grow knobs glue      # 48 s on 2 cores
 # and every folder is made again the same way (the tokenizer is seeded: the same
 # text gives the same pieces):
-#   .whl     the packages the device's image lacks (its KINDS.md list), as wheels for
+#   .whl     the packages the GPU machine's image lacks (its KINDS.md list), as wheels for
 #            its Python 3.12: grain, array_record, ml_collections, portpicker,
 #            tensorboardX, at the versions this venv runs (their needs are there);
 #   .grow    data/: Wikipedia shards 04 and 05 (20 MB of xz, the text the grow run
@@ -16,7 +16,7 @@
 #            training run would train it;
 #   .knobs   blimp/: the first 200 pairs of each of the 36 paradigms (the protocol's);
 #   .glue    data/: SST-2, QNLI and CoLA as the protocol reads them (5.6 MB); the
-#            encoders to score go in .glue/enc/ by hand (studies/RESULTS.md).
+#            encoders to score go in .glue/enc/ by hand (studies/gpu-encoders.md).
 set -eu
 DATA=${DATA:-../shared/data}; PY=${PY:-.venv/bin/python}
 [ $# -gt 0 ] || set -- whl grow knobs glue
@@ -53,7 +53,7 @@ PYTHON
     glue)
       mkdir -p .glue/data .glue/enc
       for t in SST-2 QNLI CoLA; do cp -r $DATA/glue/$t .glue/data/; done ;;
-    *) echo "prepare_carry.sh: unknown folder '$part'; use whl, grow, knobs or glue" >&2
+    *) echo "prepare_gpu_inputs.sh: unknown folder '$part'; use whl, grow, knobs or glue" >&2
        exit 2 ;;
   esac
   echo "$part: $(du -sh .$part | cut -f1)"
