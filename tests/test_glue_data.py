@@ -345,6 +345,11 @@ def test_wrong_directory_and_missing_files_are_explained(glue_root, tmp_path):
     glue_data.GlueData(rte, "tsv", "")
   with pytest.raises(ValueError, match="has no column"):  # SST-2 files read as RTE.
     glue_data.read_tsv(rte, str(glue_root / "SST-2" / "dev.tsv"))
+  cola = glue_data.get_task("cola")  # Headerless: SST-2's rows are too short.
+  for name, skip in (("train.tsv", True), ("dev.tsv", False)):
+    with pytest.raises(ValueError, match="no row has the 4 tab-separated fields of a "
+                       r"CoLA file .*'sentence\\tlabel'.*the CoLA directory"):
+      glue_data.read_tsv(cola, str(glue_root / "SST-2" / name), skip_malformed=skip)
   os.remove(glue_root / "RTE" / "test.tsv")
   data = glue_data.GlueData(rte, "tsv", str(glue_root / "RTE"))
   data.check_files()  # No test file needed unless test predictions are asked for.

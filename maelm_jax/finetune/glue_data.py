@@ -226,6 +226,11 @@ def read_tsv(task: GlueTask, path: str, *, labelled: bool = True,
       index_col = _column_indices(path, header, (task.test_index_column,), task)[0]
     body, first_line = rows[1:], 2
   needed = max(text_cols + [label_col if labelled else index_col]) + 1
+  if body and all(len(row) < needed for row in body):  # Another task's file.
+    first = "\t".join(rows[0])[:60]
+    raise ValueError(f"{path}: no row has the {needed} tab-separated fields of a "
+                     f"{task.tsv_dir} file (its first line: {first!r}); is "
+                     f"--config.data.dir the {task.tsv_dir} directory?")
 
   examples, skipped = [], 0
   for line, row in enumerate(body, start=first_line):
