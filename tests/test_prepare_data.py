@@ -316,7 +316,7 @@ def test_a_binary_file_is_skipped_or_refused(tmp_path):
                                   eval_fraction=0.4)) == _all(
       sources.open_source(spec, "train", eval_fraction=0.4))
   with pytest.raises(ValueError, match=r"zbinary.jsonl is not UTF-8 text \(it holds "
-                     "NUL bytes, the first at line 2\)"):
+                     r"NUL bytes, the first at line 2\)"):
     prepare_data.prepare(spec, str(tmp_path / "stop"), on_bad_text="stop")
 
 
