@@ -182,3 +182,25 @@ def test_a_cpu_command_keeps_libtpus_probe_to_itself(tmp_path):
   assert "dry run: nothing trained" in done.stdout
   for chatter in ("libtpu", "backend 'tpu'", "Source Location Trace"):
     assert chatter not in done.stderr, done.stderr[-2000:]
+
+
+def test_only_a_closed_event_loops_callback_error_is_kept_quiet():
+  """The traceback TensorStore's callbacks print once orbax has closed its loop
+  is dropped; the same message raised anywhere else is not."""
+  import asyncio  # pylint: disable=import-outside-toplevel
+  from maelm_jax.core import cli  # pylint: disable=import-outside-toplevel
+  loop = asyncio.new_event_loop()
+  loop.close()
+  try:
+    loop.call_later(0, lambda: None)
+  except RuntimeError as error:
+    from_the_loop = (type(error), error, error.__traceback__)
+  try:
+    raise RuntimeError("Event loop is closed")
+  except RuntimeError as error:
+    elsewhere = (type(error), error, error.__traceback__)
+  # As a thread's callback reports it: the loop's own frame first.
+  kind, error, trace = from_the_loop
+  assert cli._closed_loop_noise(kind, error, trace.tb_next)  # pylint: disable=protected-access
+  assert not cli._closed_loop_noise(*elsewhere)  # pylint: disable=protected-access
+  assert not cli._closed_loop_noise(ValueError, ValueError("x"), None)  # pylint: disable=protected-access

@@ -117,12 +117,13 @@ _ITEM_WITHOUT_METADATA = re.compile(
 
 def _closed_loop_noise(kind, error, trace) -> bool:
   """A TensorStore callback that reached an event loop orbax has closed
-  (`Event loop is closed` in `call_soon_threadsafe`): hundreds of these
-  tracebacks once a bucket stops answering mid-save, while the run says what
-  happened in one line (errors.StoreUnreachable)."""
+  (`Event loop is closed`, raised in asyncio's loop itself as the callback is
+  scheduled): hundreds of these tracebacks once a bucket stops answering
+  mid-save, while the run says what happened in one line (errors.StoreUnreachable)."""
   frames = traceback.extract_tb(trace) if trace is not None else []
   return (kind is RuntimeError and str(error) == "Event loop is closed"
-          and bool(frames) and frames[0].name == "call_soon_threadsafe")
+          and bool(frames) and pathlib.PurePath(frames[0].filename).parts[-2:]
+          == ("asyncio", "base_events.py"))
 
 
 def _quiet_closed_loops(hook):
