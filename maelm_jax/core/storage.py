@@ -33,6 +33,7 @@ import logging as std_logging
 import os
 import posixpath
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -127,15 +128,19 @@ def configure() -> None:
     # No credentials to find: google.auth would probe a GCE metadata server for
     # seconds on every client gcsfs makes.
     os.environ.setdefault("NO_GCE_CHECK", "True")
+    _plain_gcsfs_for_an_emulator()
   std_logging.getLogger("gcsfs").setLevel(std_logging.CRITICAL)  # Ours say it.
   std_logging.getLogger("fsspec").setLevel(std_logging.WARNING)
   std_logging.getLogger("google.auth").setLevel(std_logging.ERROR)
   _bound_tensorstore_retries()
+  _bound_gcsfs_retries()
 
 
 # TensorStore retries a failed GCS request up to 32 times, for up to ~15 minutes
 # (its default); a run then stops in one line (checkpoints.py) and the same
 # command resumes. 8 retries from 1 s, doubling to 32 s: about 2 minutes.
+# MAELM_GCS_RETRIES bounds gcsfs's tries of a request too (its own 6, about
+# 33 s a request, and a save makes several in a row).
 GCS_RETRIES = {"max_retries": int(os.environ.get("MAELM_GCS_RETRIES", "8")),
                "initial_delay": "1s", "max_delay": "32s"}
 
@@ -152,6 +157,47 @@ def _bound_tensorstore_retries() -> None:
     context = getattr(tensorstore_utils, template, None)
     if isinstance(context, dict):
       context["gcs_request_retries"] = dict(GCS_RETRIES)
+
+
+def _plain_gcsfs_for_an_emulator() -> None:
+  """gcsfs (2026.x) asks GCS's gRPC control plane each bucket's layout; an
+  emulator has none, the lookup fails after about 30 s of retries and, not
+  cached on failure, is paid again by the next operation. Against an emulator
+  the plain HTTP filesystem is used (GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false,
+  or fsspec's `gs` pointed at it where gcsfs is already imported)."""
+  os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+  if (os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"].lower() not in ("true", "1")
+      and "gcsfs" in sys.modules):
+    import fsspec  # pylint: disable=import-outside-toplevel
+    import gcsfs.core  # pylint: disable=import-outside-toplevel
+    for protocol in ("gs", "gcs"):
+      if fsspec.get_filesystem_class(protocol) is not gcsfs.core.GCSFileSystem:
+        fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
+
+
+def _bound_gcsfs_retries() -> None:
+  """gcsfs fixes its retry count (6) when its class is defined; where
+  MAELM_GCS_RETRIES is set, its retried requests are wrapped again with that
+  many tries (at least one), the undecorated functions being kept as
+  `__wrapped__`."""
+  if "MAELM_GCS_RETRIES" not in os.environ:
+    return
+  try:
+    import gcsfs  # pylint: disable=import-outside-toplevel
+    import gcsfs.core  # pylint: disable=import-outside-toplevel
+    from gcsfs import retry  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return
+  tries = max(1, GCS_RETRIES["max_retries"])
+  for cls in {gcsfs.core.GCSFileSystem, gcsfs.GCSFileSystem}:  # (plain, extended)
+    for name in ("_request", "_get_file_request", "_get_file_concurrent"):
+      method = cls.__dict__.get(name)
+      original = getattr(method, "__wrapped__", None)
+      if original is None or getattr(method, "_maelm_tries", None) == tries:
+        continue
+      bounded = retry.retry_request(retries=tries)(original)
+      bounded._maelm_tries = tries  # pylint: disable=protected-access
+      setattr(cls, name, bounded)
 
 
 def endpoint() -> str:
