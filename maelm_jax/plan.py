@@ -62,7 +62,8 @@ MARGIN = 0.05  # Of a chip's HBM left free: what libtpu reserves (0.25 of v5e's
 PLAN_KEYS = ("topology", "chips", "chip_kind", "mesh", "hbm_bytes_per_chip",
              "bytes_per_chip", "fits", "xla_flops_per_chip", "model_flops_per_chip",
              "collectives", "attention", "compile_seconds", "estimated_step_seconds",
-             "estimated_mfu")
+             "estimated_mfu", "hbm_traffic_bytes_per_chip",
+             "hbm_traffic_by_category_per_chip", "hbm_first_principles_per_chip")
 NOT_FIT_EXIT = 3
 # libtpu's topology names; Cloud TPU accelerator types map onto them.
 TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+x\d+(?:x\d+)?)$")
@@ -352,6 +353,21 @@ def one_more_layer(built: Built, devices) -> tuple[dict, int]:
       batch = smaller
 
 
+def first_principles_bytes(built: Built) -> dict[str, float]:
+  """flops.train_hbm_bytes_per_chip for the built step: its parameters' shards
+  on one chip, its rows over the data-parallel axes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import flops  # pylint: disable=g-import-not-at-top
+  params = built.program.abstract_state.params
+  per_chip = sum(math.prod(leaf.sharding.shard_shape(leaf.shape) if leaf.sharding
+                           else leaf.shape) for leaf in jax.tree.leaves(params))
+  data_parallel = built.mesh.shape.get("data", 1) * built.mesh.shape.get("fsdp", 1)
+  parts = flops.train_hbm_bytes_per_chip(
+      built.model_cfg, built.seq_len, built.batch_size / data_parallel, per_chip,
+      built.grad_accum_steps)
+  return {**parts, "total": sum(parts.values())}
+
+
 def plan_built(built: Built, topology: str, devices, estimate: bool = True,
                chip=None) -> dict:
   """Compiles `built`'s train step for `devices` and reads what it costs.
@@ -482,6 +498,10 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True,
       "xla_flops_per_chip": hardware_flops,
       "xla_flops_counted_per_chip": counted_flops, "xla_flops_notes": notes,
       "hbm_traffic_bytes_per_chip": hbm_traffic,
+      # Where the bytes go (hlo_stats.category), and what a step that moved
+      # only what it must would move (flops.train_hbm_bytes_per_chip).
+      "hbm_traffic_by_category_per_chip": stats.hbm_by_category,
+      "hbm_first_principles_per_chip": first_principles_bytes(built),
       "xla_bytes_accessed_per_chip": counted_bytes,
       "roofline_seconds": terms, "bound_by": max(terms, key=terms.get),
       "estimated_step_seconds": step,
@@ -646,6 +666,16 @@ def table(result: dict) -> list[str]:
     collectives = ", ".join(f"{k} {v['count']} ({_gb(v['bytes'])})"
                             for k, v in result["collectives"].items()) or "none"
     lines.append(f"  collectives  {collectives}")
+    by_category = result.get("hbm_traffic_by_category_per_chip") or {}
+    if by_category:
+      lines.append(f"  hbm/chip     {_gb(result['hbm_traffic_bytes_per_chip'])} a step: "
+                   + ", ".join(f"{k} {_gb(v)}" for k, v in sorted(
+                       by_category.items(), key=lambda kv: -kv[1]) if v >= 5e7))
+    needed = result.get("hbm_first_principles_per_chip")
+    if needed:
+      lines.append(f"  needed       about {_gb(needed['total'])} (first principles: "
+                   + ", ".join(f"{k} {_gb(v)}" for k, v in needed.items()
+                               if k != "total") + ")")
     lines.append(f"  estimate     {result['estimated_step_seconds'] * 1e3:.1f} ms/step, "
                  f"{result['estimated_tokens_per_second']:,.0f} tokens/s, MFU "
                  f"{result['estimated_mfu']:.1%} (a roofline bound by "

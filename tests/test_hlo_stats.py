@@ -131,6 +131,7 @@ def test_hbm_traffic_leaves_out_a_gpu_library_calls_scratch_workspace():
   """cuBLAS's 4 MiB workspace is no data: the gemm reads A and B and writes C."""
   stats = hlo_stats.analyze(GPU_LIBRARY_CALLS, num_devices=1)
   assert stats.hbm_bytes == 2 * (512 * 256 + 256 * 1024 + 512 * 1024)
+  assert stats.hbm_by_category == {"matmuls": stats.hbm_bytes}
 
 
 ON_CHIP = """\
@@ -183,3 +184,57 @@ def test_array_bytes_reads_each_arrays_memory_space():
   shape = "(f32[8,128]{1,0:T(8,128)S(1)}, bf16[4,256]{1,0:T(8,128)(2,1)}, s32[])"
   assert hlo_stats.array_bytes(shape) == [8 * 128 * 4, 4 * 256 * 2, 4]
   assert hlo_stats.array_bytes(shape, frozenset({1})) == [4 * 256 * 2, 4]
+
+
+BUDGET = """\
+HloModule m
+
+%masked (param_0.1: f32[1,2,256,256], param_1.1: f32[2,1,1,256]) -> f32[2,2,256,256] {
+  %param_0.1 = f32[1,2,256,256]{3,2,1,0} parameter(0)
+  %param_1.1 = f32[2,1,1,256]{3,2,1,0} parameter(1)
+  %b0 = f32[2,2,256,256]{3,2,1,0} broadcast(%param_0.1), dimensions={0,1,2,3}
+  %b1 = f32[2,2,256,256]{3,2,1,0} broadcast(%param_1.1), dimensions={0,1,2,3}
+  ROOT %a = f32[2,2,256,256]{3,2,1,0} add(%b0, %b1)
+}
+
+%projected (param_0.2: bf16[256,64], param_1.2: bf16[64,64]) -> bf16[256,64] {
+  %param_0.2 = bf16[256,64]{1,0} parameter(0)
+  %param_1.2 = bf16[64,64]{1,0} parameter(1)
+  ROOT %d = bf16[256,64]{1,0} convolution(%param_0.2, %param_1.2), dim_labels=bf_io->bf
+}
+
+ENTRY %main (x: bf16[256,64], w: bf16[64,64], q: bf16[2,2,256,64], bias: f32[1,2,256,256], pad: f32[2,1,1,256], m: f32[64,64]) -> f32[64,64] {
+  %x = bf16[256,64]{1,0} parameter(0)
+  %w = bf16[64,64]{1,0} parameter(1)
+  %q = bf16[2,2,256,64]{3,2,1,0} parameter(2)
+  %bias = f32[1,2,256,256]{3,2,1,0} parameter(3)
+  %pad = f32[2,1,1,256]{3,2,1,0} parameter(4)
+  %m = f32[64,64]{1,0} parameter(5)
+  %y = bf16[256,64]{1,0} fusion(%x, %w), kind=kOutput, calls=%projected, metadata={op_name="jit(train_step)/jvp(MaskedLM)/encoder/layer_0/mlp/wi/dot_general"}
+  %rowbias = f32[2,2,256,256]{3,2,1,0} fusion(%bias, %pad), kind=kLoop, calls=%masked, metadata={op_name="jit(train_step)/jvp(MaskedLM)/MaskedLM.encode/encoder/add"}
+  %k = (bf16[2,2,256,64]{3,2,1,0}, f32[2,2,256,128]{3,2,1,0}) custom-call(%q, %q, %q, %rowbias), custom_call_target="tpu_custom_call", metadata={op_name="jit(train_step)/jvp(MaskedLM)/encoder/layer_0/self_attn/pallas_call"}
+  %u = f32[64,64]{1,0} multiply(%m, %m), metadata={op_name="jit(train_step)/mul"}
+  ROOT %c = f32[64,64]{1,0} copy(%u)
+}
+"""
+
+
+def test_the_byte_budget_puts_each_array_in_its_category():
+  """A matmul, the bias made per row by the padding mask, an attention kernel
+  reading it and writing its statistics at the block width (128, the head 64),
+  an optimizer multiply and a copy: each counted by hand."""
+  q, row_bias, stats = 2 * 2 * 256 * 64 * 2, 2 * 2 * 256 * 256 * 4, 2 * 2 * 256 * 128 * 4
+  matmul = 256 * 64 * 2 * 2 + 64 * 64 * 2
+  bias = (1 * 2 * 256 * 256 * 4 + 2 * 256 * 4 + row_bias) + row_bias  # made, read
+  kernel = 3 * q + q  # q, k, v read, o written
+  opt, copy = 3 * 64 * 64 * 4, 2 * 64 * 64 * 4
+  stats_written = stats
+  budget = hlo_stats.analyze(BUDGET, num_devices=1).hbm_by_category
+  assert budget == {"matmuls": matmul, "attention kernels": kernel,
+                    "attention statistics": stats_written, "position bias": bias,
+                    "optimizer": opt, "copies": copy}
+  assert hlo_stats.analyze(BUDGET, num_devices=1).hbm_bytes == sum(budget.values())
+  # Without a kernel in the program, an [.., L, L] array is attention scores.
+  plain = BUDGET.replace('custom_call_target="tpu_custom_call"',
+                         'custom_call_target="something_else"')
+  assert "attention scores" in hlo_stats.analyze(plain, num_devices=1).hbm_by_category

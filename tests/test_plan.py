@@ -90,6 +90,17 @@ def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_
   padding = result["bytes_per_chip"]["layout_padding"]
   assert 0 < padding < 0.2 * arguments
   assert result["collectives"]["all-gather"]["count"] > 0  # fsdp gathers params.
+  # The byte budget: every byte of the count in one category, the kernels and
+  # the bias among them; the first-principles count beside it, both printed.
+  budget = result["hbm_traffic_by_category_per_chip"]
+  assert sum(budget.values()) == pytest.approx(result["hbm_traffic_bytes_per_chip"])
+  assert {"matmuls", "attention kernels", "position bias"} <= set(budget), budget
+  needed = result["hbm_first_principles_per_chip"]
+  parts = ("weights and optimizer", "activations", "position bias", "head")
+  assert all(needed[p] > 0 for p in parts), needed
+  assert needed["total"] == pytest.approx(sum(needed[p] for p in parts))
+  assert any(line.startswith("  hbm/chip") for line in lines), lines
+  assert any(line.startswith("  needed") for line in lines), lines
   written = (tmp_path / "plan.json").read_text()
   for key in plan.PLAN_KEYS:
     assert f'"{key}"' in written

@@ -258,6 +258,30 @@ def test_encoder_flops_shrink_with_masking():
   assert flops.train_flops_per_step(mlm, 512, 2) == 3 * 2 * sum(f_mlm.values())
 
 
+def test_first_principles_hbm_bytes_count_each_stack_at_its_length():
+  """base MLM at 512, 32 rows and 110 M parameters a chip, counted by hand from
+  the constants' rules; MAE-LM's encoder moves its visible tokens only, and its
+  decoder's bias is [K, K] and [K, L - K_mask] (cross)."""
+  base = dict(vocab_size=32000, num_layers=12, hidden=768, num_heads=12, mlp=3072)
+  mlm = model_lib.ModelConfig(**base, **model_lib.OBJECTIVES["mlm"], decoder_layers=0)
+  parts = flops.train_hbm_bytes_per_chip(mlm, 512, 32, 110e6)
+  k = mlm.mask_counts(512).num_selected
+  assert parts == {
+      "weights and optimizer": 110e6 * (32 + 4),
+      "activations": 12 * 60 * 32 * 512 * 768 * 2,
+      "position bias": 12 * 10 * 12 * 512 * 512,
+      "head": 16 * 32 * k * 32000}
+  assert 20e9 < sum(parts.values()) < 30e9  # The issue's "about 28-30" by hand.
+  cross = model_lib.ModelConfig(**base, **{**model_lib.OBJECTIVES["3ml"],
+                                          "decoder_type": "cross"}, decoder_layers=2)
+  counts = cross.mask_counts(512)
+  k, n = counts.num_selected, counts.encoder_len
+  three_ml = flops.train_hbm_bytes_per_chip(cross, 512, 32, 110e6, grad_accum_steps=2)
+  assert three_ml["activations"] == 60 * 32 * 768 * 2 * (12 * n + 2 * k)
+  assert three_ml["position bias"] == 2 * 10 * 12 * (12 * n * n + 2 * (k * k + k * n))
+  assert three_ml["weights and optimizer"] == 110e6 * (32 + 2 * 4)
+
+
 def test_skipping_tokens_pays_for_the_decoder_only_in_a_deep_encoder():
   # tiny's width and head over 8000 pieces, a 1-layer decoder: at 2 layers 3ML's
   # step (head over half the tokens + decoder) costs more than MLM's, from ~6

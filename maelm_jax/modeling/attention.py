@@ -263,10 +263,13 @@ def tpu_flash_attention(q, k, v, bias):
     v = jnp.pad(v, ((0, 0), (0, 0), (0, m_pad), (0, 0)))
     bias = pad_bias(bias, n + n_pad, m + m_pad)
   bq, bk = _flash_block(n + n_pad), _flash_block(m + m_pad)
+  # The dq kernel's key blocks at the smallest width, 128: the kernel stores
+  # `di` broadcast to [B, H, L, block_k_major_dq] in HBM (at 512, 4x the bytes;
+  # `base` MLM at 512 on v5e:2x2: benchmarks/tpu-plans.md, "Where the bytes go").
   blocks = tpu_kernel.BlockSizes(
       block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
       block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
-      block_k_major_dq=bk, block_k_dq=bk, block_q_dq=bq)
+      block_k_major_dq=TPU_BLOCK, block_k_dq=TPU_BLOCK, block_q_dq=bq)
 
   def kernel(q, k, v, bias):
     return tpu_kernel.flash_attention(q, k, v, ab=bias, sm_scale=1.0,

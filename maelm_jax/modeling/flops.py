@@ -132,3 +132,59 @@ def peak_flops(devices=None, override: float | None = None) -> float:
   found = chip(devices[0].device_kind)
   # Unknown device: MFU is reported as 0; set config.peak_flops_per_device.
   return found.peak_flops * len(devices) if found else 0.0
+
+
+# ---------------------------------------------------------------------------
+# HBM bytes a training step needs, from first principles: what the planner's
+# count of the compiled step (tools/hlo_stats.py) is compared with.
+# ---------------------------------------------------------------------------
+# A layer's elementwise and matmul passes over its [tokens, hidden] activations
+# in bf16, forward and backward together (read or written: LayerNorms, the
+# projections' inputs and outputs, the residual adds, GELU over the 4x-wide
+# hidden counted as 4 passes each way, attention's q, k, v, o and their
+# gradients with nothing [L, L] leaving a flash kernel).
+ACTIVATION_PASSES_PER_LAYER = 60
+# Per parameter on the chip: f32 weights, gradients and AdamW's two moments
+# each read and written once (32 bytes), and the bf16 copy read by the forward
+# and the backward pass of each microbatch (4).
+OPTIMIZER_BYTES_PER_PARAMETER = 32
+WEIGHT_READ_BYTES_PER_PARAMETER = 4
+# A shared [1, H, Lq, Lk] position bias per layer: read in bf16 by the forward
+# and the two backward kernels (3 x 2 bytes), its gradient summed over the
+# batch inside the kernel and written once in f32 (4).
+BIAS_BYTES_PER_ENTRY = 10
+# The head's logits over the vocabulary at the predicted positions: written and
+# read in f32 by the loss, the same for their gradient.
+LOGIT_BYTES = 16
+
+
+def train_hbm_bytes_per_chip(cfg: ModelConfig, seq_len: int, rows_per_chip: float,
+                             params_per_chip: float, grad_accum_steps: int = 1
+                             ) -> dict[str, float]:
+  """HBM bytes one training step needs per chip, by part ('weights and
+  optimizer', 'activations', 'position bias', 'head'), each stack at the
+  length it runs on (the module docstring); `rows_per_chip` is the step's rows
+  on one chip, all microbatches together. An estimate of what a step that
+  moves nothing it need not would move: the planner prints it beside its count
+  of the compiled step."""
+  counts = cfg.mask_counts(seq_len)
+  k, n_enc, h = counts.num_selected, counts.encoder_len, cfg.num_heads
+  # (layers, tokens a row, [(query length, key length)] of its attention).
+  stacks = [(cfg.num_layers, n_enc, [(n_enc, n_enc)])]
+  if cfg.decoder_type == "self":
+    stacks.append((cfg.decoder_layers, seq_len, [(seq_len, seq_len)]))
+  elif cfg.decoder_type == "cross":
+    stacks.append((cfg.decoder_layers, k, [(k, k), (k, n_enc)]))
+  activations = bias = 0.0
+  for layers, tokens, attentions in stacks:
+    activations += (layers * ACTIVATION_PASSES_PER_LAYER * rows_per_chip * tokens
+                    * cfg.hidden * 2)
+    bias += layers * sum(BIAS_BYTES_PER_ENTRY * h * q * kv for q, kv in attentions)
+  return {
+      "weights and optimizer": params_per_chip * (
+          OPTIMIZER_BYTES_PER_PARAMETER
+          + WEIGHT_READ_BYTES_PER_PARAMETER * grad_accum_steps),
+      "activations": activations,
+      "position bias": bias * grad_accum_steps,
+      "head": LOGIT_BYTES * rows_per_chip * k * cfg.vocab_size,
+  }

@@ -51,6 +51,7 @@ _CALLED = re.compile(r"\b(?:to_apply|true_computation|false_computation)=%([\w.\
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 KERNEL_TARGET = 'custom_call_target="tpu_custom_call"'
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 
 
 def array_bytes(shape_text: str, leave_out_spaces=frozenset()) -> list[int]:
@@ -66,6 +67,17 @@ def array_bytes(shape_text: str, leave_out_spaces=frozenset()) -> list[int]:
       count *= int(dim)
     sizes.append(count * _BYTES.get(dtype, 1 if dtype.startswith("f8") else 4))
   return sizes
+
+
+def _hbm_arrays(shape_text: str, on_chip) -> list:
+  """[(bytes, dims)] of the arrays of a shape that live in HBM."""
+  arrays = []
+  for dtype, dims, layout in _ARRAY_LAYOUT.findall(shape_text):
+    space = _MEMORY_SPACE.search(layout or "")
+    if not (space and int(space[1]) in on_chip):
+      shape = tuple(int(d) for d in dims.split(",") if d)
+      arrays.append((array_bytes(f"{dtype}[{dims}]")[0], shape))
+  return arrays
 
 
 def _written_arrays(op: str, shape: str, on_chip=frozenset()) -> list[int]:
@@ -120,9 +132,13 @@ def ring_bytes(kind: str, result_bytes: int, n: int) -> float:
 class _Instruction:
   name: str
   op: str
-  bytes: int  # Of its result (all arrays of a tuple).
+  bytes: int  # Of its result (all arrays of a tuple), in HBM.
   operands: list
   fused: str = ""  # A fusion's body.
+  op_name: str = ""  # JAX's name of what it computes (its metadata).
+  kernel: bool = False  # A Pallas (Mosaic) kernel or a cuDNN attention call.
+  arrays: list = dataclasses.field(default_factory=list)  # [(bytes, dims)] in HBM
+  target: str = ""  # A custom call's target (`__cublas$gemm`, `tpu_custom_call`).
 
 
 @dataclasses.dataclass
@@ -145,6 +161,8 @@ class HloStats:
   largest_buffers: list  # [(bytes, "dtype[shape]", op_name)] per chip
   loop_trip_counts: list  # trip count of each while loop
   hbm_bytes: float = 0.0  # HBM traffic per step per chip (module docstring)
+  # The same, by CATEGORIES (`category`), each as often as it runs.
+  hbm_by_category: dict = dataclasses.field(default_factory=dict)
 
 
 def _parse(text: str, num_devices: int, on_chip=ON_CHIP_MEMORY_SPACES):
@@ -165,9 +183,12 @@ def _parse(text: str, num_devices: int, on_chip=ON_CHIP_MEMORY_SPACES):
       continue
     name, shape, op, rest = match.groups()
     fused = _FUSED.search(line)
+    op_name, target = _OP_NAME.search(line), _TARGET.search(line)
     current.instructions.append(_Instruction(
         name, op, sum(_written_arrays(op, shape, on_chip)), _operands(rest),
-        fused[1] if fused and op == "fusion" else ""))
+        fused[1] if fused and op == "fusion" else "", op_name[1] if op_name else "",
+        op == "custom-call" and (KERNEL_TARGET in line or "fmha" in line),
+        _hbm_arrays(shape, on_chip), target[1] if target else ""))
     if op == "parameter":
       index = re.match(r"(\d+)\)", rest)
       if index:
@@ -275,27 +296,46 @@ def _passed_through(body: _Computation) -> int:
              if name in body.parameters.values())
 
 
-def _traffic(computation: _Computation, computations: dict) -> float:
-  """HBM bytes one run of a computation moves (its fusions, copies, slices,
-  kernels and async ops; the module docstring)."""
+def _square(dims) -> bool:
+  """An array [.., L, L]: attention scores, or a position bias over them."""
+  return len(dims) >= 2 and dims[-1] == dims[-2] and dims[-1] >= 128
+
+
+def _traffic(computation: _Computation, computations: dict,
+             kernels: bool = False) -> list:
+  """[(HBM bytes, instruction, category or None)] one run of a computation
+  moves: its fusions, copies, slices, kernels and async ops (the module
+  docstring); the category where the instruction's own (`category`) is not
+  the whole story: a kernel's arrays, and, in a step whose attention runs in
+  kernels (`kernels`), an [.., L, L] array outside them, which can only be the
+  position bias, its padding mask or its gradient (the kernels keep the
+  scores on the chip)."""
   sizes = {i.name: i.bytes for i in computation.instructions}
-  total = 0.0
+  by_name = {i.name: i for i in computation.instructions}
+  moved = []
   for inst in computation.instructions:
     op = inst.op
     if op in _NO_TRAFFIC or op.endswith("-start"):
       continue  # An async op's data moves once: counted at its -done.
     if op.endswith("-done"):
-      total += 2 * inst.bytes  # Reads about what it writes.
+      moved.append((2 * inst.bytes, inst, None))  # Reads about what it writes.
       continue
     if op in ("slice", "dynamic-slice"):
-      total += 2 * inst.bytes
+      moved.append((2 * inst.bytes, inst, None))
       continue
     if op == "dynamic-update-slice" and len(inst.operands) > 1:
-      total += 2 * sizes.get(inst.operands[1], 0)
+      moved.append((2 * sizes.get(inst.operands[1], 0), inst, None))
       continue
+    if inst.kernel:
+      moved.extend(_kernel_traffic(inst, by_name))
+      continue
+    square = any(_square(d) for o in [inst.name, *inst.operands] if o in by_name
+                 for _, d in by_name[o].arrays)
+    kind = ("position bias" if kernels else "attention scores") if square else None
     body = computations.get(inst.fused) if op == "fusion" else None
     if body is None:
-      total += inst.bytes + sum(sizes.get(o, 0) for o in inst.operands)
+      moved.append((inst.bytes + sum(sizes.get(o, 0) for o in inst.operands), inst,
+                    kind))
       continue
     in_place = _in_place(body)
     written = inst.bytes - sum(full - update for full, update in in_place.values())
@@ -308,8 +348,83 @@ def _traffic(computation: _Computation, computations: dict) -> float:
       sliced = _slice_reads(body, parameter, sizes)
       read += sizes.get(operand, 0) if sliced is None else min(
           sliced, sizes.get(operand, 0))
-    total += max(written, 0) + read
-  return total
+    moved.append((max(written, 0) + read, inst, kind))
+  return moved
+
+
+def _kernel_traffic(inst, by_name: dict) -> list:
+  """An attention kernel's reads and writes, each array by what it holds: an
+  array [.., L, L] (the query and key lengths) is the position bias (added
+  into it, the padding mask) or its gradient; an array whose last dimension is
+  not the head's (the first operand's, the queries') holds the softmax
+  statistics (`l`, `m`, `di`, stored at the kernels' block widths); the rest
+  are the queries, keys, values, outputs and their gradients. The scratch
+  workspace of a cuDNN call is no data (`_written_arrays`)."""
+  operands = [a for o in inst.operands if o in by_name for a in by_name[o].arrays]
+  head = operands[0][1][-1:] if operands and operands[0][1] else ()
+  results = inst.arrays
+  if len(results) > 1 and len(results[-1][1]) == 1 and results[-1][0] and (
+      inst.bytes < sum(b for b, _ in results)):
+    results = results[:-1]
+  moved = []
+  for size, dims in operands + results:
+    if _square(dims):
+      kind = "position bias"
+    elif head and dims[-1:] != head:
+      kind = "attention statistics"
+    else:
+      kind = "attention kernels"
+    moved.append((size, inst, kind))
+  return moved
+
+
+# The byte budget's categories (`HloStats.hbm_by_category`), in the order the
+# plan prints them.
+CATEGORIES = ("matmuls", "attention kernels", "attention statistics",
+              "attention scores", "position bias", "normalisation and elementwise", "optimizer",
+              "collectives", "copies", "other")
+_MATMUL_OPS = ("convolution", "dot")
+_COPY_OPS = ("copy", "copy-done", "transpose")
+
+
+def category(inst, computations: dict) -> str:
+  """Which line of the byte budget an instruction's traffic belongs to, from
+  its op, what its fusion computes and JAX's name for it:
+  - attention kernels: a Pallas (Mosaic) or cuDNN attention call;
+  - attention scores: [.., L, L] arrays of attention XLA computes itself
+    (no kernel; `_traffic` decides);
+  - attention statistics: what the flash kernels' wrappers compute around them
+    (the softmax statistics and `di` broadcast to the kernels' block shapes);
+  - position bias: the relative bias, its padding mask and its gradient;
+  - matmuls: dots and convolutions, with what XLA fused into them;
+  - optimizer: the update, outside the model's forward and backward;
+  - normalisation and elementwise: the rest of the model (LayerNorm, GELU,
+    dropout, the loss, masking gathers)."""
+  op, name = inst.op, inst.op_name
+  base = op[:-len("-done")] if op.endswith("-done") else op
+  base = base[:-len("-start")] if base.endswith("-start") else base
+  if base in COLLECTIVES:
+    return "collectives"
+  if inst.kernel:
+    return "attention kernels"
+  if "flash_attention" in name or "splash" in name:
+    return "attention statistics"
+  if "relative_bias" in name or "position_bias" in name or "attention_bias" in name:
+    return "position bias"
+  body = computations.get(inst.fused) if op == "fusion" else None
+  if op in _MATMUL_OPS or "gemm" in inst.target or (body is not None and any(
+      i.op in _MATMUL_OPS for i in body.instructions)):
+    return "matmuls"
+  if op in _COPY_OPS or (body is not None and all(
+      i.op in _COPY_OPS + ("parameter", "bitcast", "tuple")
+      for i in body.instructions)):
+    return "copies"
+  if ("MaskedLM" in name or "jvp(" in name or "transpose(" in name
+      or any(r in name for r in ("threefry", "_uniform", "_randint", "take_along_axis"))):
+    return "normalisation and elementwise"  # (with the masks' and dropout's draws)
+  if name.startswith("jit(") or name.startswith("state."):
+    return "optimizer"
+  return "other"
 
 
 def _constants(computations, name: str, depth: int = 0) -> int:
@@ -343,6 +458,8 @@ def analyze(text: str, num_devices: int,
   totals = collections.defaultdict(lambda: {"count": 0, "bytes": 0, "ring_bytes": 0.0})
   kernel_calls, buffers, in_memory, hbm = 0, [], set(), 0.0
   traffic = {}
+  by_category = collections.Counter()
+  kernels = KERNEL_TARGET in text or "fmha" in text
 
   def visit(name, times, materialized, depth=0):
     nonlocal kernel_calls, hbm
@@ -351,8 +468,13 @@ def analyze(text: str, num_devices: int,
       return
     if materialized:
       if name not in traffic:
-        traffic[name] = _traffic(computation, computations)
-      hbm += times * traffic[name]
+        moved = collections.Counter()
+        for size, inst, kind in _traffic(computation, computations, kernels):
+          moved[kind or category(inst, computations)] += size
+        traffic[name] = moved
+      for kind, size in traffic[name].items():
+        by_category[kind] += times * size
+        hbm += times * size
     for kind, size, n in computation.collectives:
       totals[kind]["count"] += times
       totals[kind]["bytes"] += times * size
@@ -377,4 +499,6 @@ def analyze(text: str, num_devices: int,
       break
   return HloStats(collectives=collectives, kernel_calls=kernel_calls,
                   kernel_calls_in_text=text.count(KERNEL_TARGET),
-                  largest_buffers=largest, loop_trip_counts=trips, hbm_bytes=hbm)
+                  largest_buffers=largest, loop_trip_counts=trips, hbm_bytes=hbm,
+                  hbm_by_category={k: float(by_category[k]) for k in CATEGORIES
+                                   if by_category[k]})
