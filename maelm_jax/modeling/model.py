@@ -318,6 +318,15 @@ def _layer_norm(cfg, name):
                                                              ("norm",)))
 
 
+@jax.checkpoint
+def exact_gelu(h):
+  """GELU with erf (BERT's and RoBERTa's; the exports' `gelu`), whose backward
+  recomputes erfc(h) from h: differentiated plainly, the forward keeps both h
+  and erfc(h) ([tokens, mlp] each) for the backward, one more array of the
+  FFN's widest shape written and read back per layer."""
+  return nn.gelu(h, approximate=False)
+
+
 class Mlp(nn.Module):
   cfg: ModelConfig
   dropout_rate: float
@@ -327,12 +336,10 @@ class Mlp(nn.Module):
   def __call__(self, x):
     cfg = self.cfg
     if cfg.mlp_activation == "geglu":  # MaxText's names for a gated FFN.
-      h = (nn.gelu(_dense(cfg, cfg.mlp, "wi_0", ("embed", "mlp"), "mlp")(x),
-                   approximate=False)
+      h = (exact_gelu(_dense(cfg, cfg.mlp, "wi_0", ("embed", "mlp"), "mlp")(x))
            * _dense(cfg, cfg.mlp, "wi_1", ("embed", "mlp"), "mlp")(x))
     else:
-      h = nn.gelu(_dense(cfg, cfg.mlp, "wi", ("embed", "mlp"), "mlp")(x),
-                  approximate=False)
+      h = exact_gelu(_dense(cfg, cfg.mlp, "wi", ("embed", "mlp"), "mlp")(x))
     h = _constrain(h, ("batch", "act_len", "act_mlp"))
     if cfg.normformer:
       h = _layer_norm(cfg, "mid_ln")(h)
