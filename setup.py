@@ -53,6 +53,10 @@ setup(
         # any Linux x86-64 host (the only platform it is built for), pinned by
         # jax's own `tpu` extra to the libtpu of the installed jax.
         "tpu": [TPU, *GCS],
+        # python -m maelm_jax.plan --topology=h100:8: jax's CUDA plugin compiles the
+        # step for described GPUs on any Linux x86-64 host, no GPU or driver needed
+        # (tools/gpu_targets.py); cuDNN, for the fused attention it plans.
+        "plan-gpu": ["jax[cuda12-local]", "nvidia-cudnn-cu12>=9.8,<10"],
         # Workdirs in a bucket, on any machine (`--workdir=gs://BUCKET/PATH`).
         "gcs": GCS,
         # NVIDIA GPUs: jax's CUDA wheels (CUDA 12 or 13, as the driver allows).

@@ -101,7 +101,8 @@ def topology_name(name: str) -> str:
     return name
   match = ACCELERATOR_TYPE.match(name)
   if not match:
-    raise PlanError(f"unknown topology {name!r}; use {ACCEPTED}")
+    raise PlanError(f"unknown topology {name!r}; use {ACCEPTED}, or GPUs: h100:8, "
+                    "h200:8, a100:8")
   version, count = match[1], int(match[2])
   version = "v5e" if version == "v5litepod" else version
   chips = count // 2 if version in _MEGACORE else count
@@ -127,9 +128,45 @@ def libtpu_problem() -> str | None:
           "(or pip install -e '.[tpu]')")
 
 
+# GPUs: `<kind>:<count>`, one host's GPUs (tools/gpu_targets.py).
+GPU_TOPOLOGY = re.compile(r"^(h100|h200|a100):(\d+)$")
+
+
+def cuda_plugin_problem() -> str | None:
+  """Why this machine cannot compile for GPUs, in one line, or None."""
+  if any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13)):
+    return None
+  import jax  # pylint: disable=g-import-not-at-top
+  return ("jax's CUDA plugin, which compiles for GPUs, is not installed; pip install "
+          f"'jax-cuda12-plugin=={jax.__version__}' (or pip install -e '.[plan-gpu]'); "
+          "no GPU and none of NVIDIA's libraries are needed")
+
+
+def gpu_devices(kind: str, count: int) -> tuple[list, str]:
+  """`count` GPUs of `kind` described on this host (nothing runs on them)."""
+  from maelm_jax.tools import gpu_targets  # pylint: disable=g-import-not-at-top
+  if not 1 <= count <= 8:
+    raise PlanError(f"{kind}:{count}: plan one host's GPUs, 1 to 8")
+  problem = cuda_plugin_problem()
+  if problem:
+    raise PlanError(problem)
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    description = topologies.get_topology_desc(
+        platform="cuda", topology=f"1x1x{count}",
+        target_config=gpu_targets.target_config(kind))
+  except Exception as error:  # pylint: disable=broad-except
+    first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+    raise PlanError(f"the CUDA plugin refused {kind}:{count} ({first[:200]})") from error
+  return list(description.devices), f"{kind}:{count}"
+
+
 def topology_devices(name: str) -> tuple[list, str]:
-  """The devices of a TPU slice described on this host (nothing runs on them):
-  (devices, libtpu's topology name)."""
+  """The devices of a TPU slice, or of one host's GPUs (`h100:8`), described on
+  this host (nothing runs on them): (devices, the topology's name)."""
+  gpus = GPU_TOPOLOGY.match(name.strip().lower())
+  if gpus:
+    return gpu_devices(gpus[1], int(gpus[2]))
   topology = topology_name(name)
   problem = libtpu_problem()
   if problem:
@@ -764,7 +801,8 @@ def define_flags():
                                   "configs/pretrain.py:objective=maelm,size=base",
                                   lock_config=True)
   flags.DEFINE_string("topology", None, "TPU slice: v5e:4x4, v4:2x2x2, v5p:2x2x1, "
-                      "v6e:2x2, or an accelerator type such as v5litepod-16")
+                      "v6e:2x2, or an accelerator type such as v5litepod-16; or "
+                      "one host's GPUs: h100:8, h200:8, a100:8")
   flags.DEFINE_string("out", "", "Directory for plan.json (empty: print only).")
   flags.DEFINE_string("size", "", "Fine-tuning without --config.init_from: the "
                       "encoder size (tiny, small, base, large).")

@@ -238,6 +238,48 @@ def test_unknown_topologies_name_the_accepted_forms(name):
     plan.topology_name(name)
 
 
+# ------------------------------------------------------ GPUs, no GPU --
+
+HAS_CUDA_PLUGIN = plan.cuda_plugin_problem() is None
+
+
+@pytest.mark.skipif(HAS_CUDA_PLUGIN, reason="jax's CUDA plugin is installed here")
+def test_gpu_plans_without_the_cuda_plugin_say_what_to_install():
+  with pytest.raises(plan.PlanError, match=r"pip install -e '\.\[plan-gpu\]'"):
+    plan.topology_devices("h100:8")
+
+
+def test_gpu_topologies_are_one_hosts_gpus_of_a_known_kind():
+  with pytest.raises(plan.PlanError, match="1 to 8"):
+    plan.topology_devices("h200:16")
+  with pytest.raises(plan.PlanError, match="h100:8, h200:8, a100:8"):
+    plan.topology_devices("b200:8")
+  from maelm_jax.tools import gpu_targets  # pylint: disable=g-import-not-at-top
+  from maelm_jax.modeling import flops  # pylint: disable=g-import-not-at-top
+  for kind, spec in gpu_targets.SPECS.items():
+    text = gpu_targets.target_config(kind)
+    assert f"core_count: {spec.sm_count}" in text and f'"{spec.name}"' in text
+    # The roofline's constants are found for the device kind the plugin reports.
+    assert flops.chip(spec.name) is not None, spec.name
+
+
+@pytest.mark.skipif(not HAS_CUDA_PLUGIN, reason="needs jax's CUDA plugin and cuDNN "
+                    "(pip install -e '.[plan-gpu]'); no GPU")
+def test_a_step_compiles_for_described_gpus_with_cudnn_attention(tmp_path):
+  """The tiny MAE-LM in bf16 for 2 described H100s: cuDNN's fused attention at
+  both sites, the H100's memory and constants, the byte budget."""
+  config = plan_config("maelm", seq_len=128, batch_size=16,
+                       **{"model.attention_dropout": 0.0, "model.dtype": "bfloat16",
+                          "mesh_shape": (2, 1, 1)})
+  status, result, lines = plan.run(config, "h100:2", out=str(tmp_path))
+  assert status == 0 and result["fits"], lines
+  assert result["chip_kind"] == "NVIDIA H100 80GB HBM3" and result["chips"] == 2
+  assert result["hbm_bytes_per_chip"] == 80e9
+  assert {v["implementation"] for v in result["attention"].values()} == {"cudnn"}
+  assert sum(result["hbm_traffic_by_category_per_chip"].values()) == pytest.approx(
+      result["hbm_traffic_bytes_per_chip"])
+
+
 # ------------------------------------------------------ One code path --
 
 
