@@ -139,7 +139,7 @@ def cuda_plugin_problem() -> str | None:
   import jax  # pylint: disable=g-import-not-at-top
   return ("jax's CUDA plugin, which compiles for GPUs, is not installed; pip install "
           f"'jax-cuda12-plugin=={jax.__version__}' (or pip install -e '.[plan-gpu]'); "
-          "no GPU and none of NVIDIA's libraries are needed")
+          "with cuDNN for the attention it plans; no GPU is needed")
 
 
 def gpu_devices(kind: str, count: int) -> tuple[list, str]:
@@ -280,13 +280,14 @@ _OOM = (re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
+def _shard_elements(leaf) -> int:
+  """Elements of one chip's shard of an abstract array."""
+  return math.prod(leaf.sharding.shard_shape(leaf.shape) if leaf.sharding else leaf.shape)
+
+
 def _shard_bytes(tree) -> int:
   import jax  # pylint: disable=g-import-not-at-top
-  total = 0
-  for leaf in jax.tree.leaves(tree):
-    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding else leaf.shape
-    total += math.prod(shape) * leaf.dtype.itemsize
-  return total
+  return sum(_shard_elements(leaf) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
 
 
 def largest_state_leaves(abstract_state, count: int = 2) -> list[tuple[int, str]]:
@@ -294,9 +295,8 @@ def largest_state_leaves(abstract_state, count: int = 2) -> list[tuple[int, str]
   import jax  # pylint: disable=g-import-not-at-top
   leaves = []
   for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
-    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding else leaf.shape
     name = jax.tree_util.keystr(path, simple=True, separator="/")
-    leaves.append((math.prod(shape) * leaf.dtype.itemsize, name))
+    leaves.append((_shard_elements(leaf) * leaf.dtype.itemsize, name))
   return sorted(leaves, reverse=True)[:count]
 
 
@@ -394,13 +394,13 @@ def first_principles_bytes(built: Built) -> dict[str, float]:
   """flops.train_hbm_bytes_per_chip for the built step: its parameters' shards
   on one chip, its rows over the data-parallel axes."""
   import jax  # pylint: disable=g-import-not-at-top
+  from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
   from maelm_jax.modeling import flops  # pylint: disable=g-import-not-at-top
-  params = built.program.abstract_state.params
-  per_chip = sum(math.prod(leaf.sharding.shard_shape(leaf.shape) if leaf.sharding
-                           else leaf.shape) for leaf in jax.tree.leaves(params))
-  data_parallel = built.mesh.shape.get("data", 1) * built.mesh.shape.get("fsdp", 1)
+  per_chip = sum(_shard_elements(leaf)
+                 for leaf in jax.tree.leaves(built.program.abstract_state.params))
   parts = flops.train_hbm_bytes_per_chip(
-      built.model_cfg, built.seq_len, built.batch_size / data_parallel, per_chip,
+      built.model_cfg, built.seq_len,
+      built.batch_size / sharding.data_parallel_size(built.mesh), per_chip,
       built.grad_accum_steps)
   return {**parts, "total": sum(parts.values())}
 
