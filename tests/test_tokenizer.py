@@ -318,8 +318,11 @@ def test_the_export_tokenizer_splits_text_around_mask_as_the_project(tokenizer,
   assert exported(text)["input_ids"][1:-1] == tokenizer.encode_one(text)
 
 
+# The child starts with SIGINT handled as from a terminal: a test run started in
+# the background of a script inherits SIGINT ignored, and passes that on.
 _BUILD_A_BIG_VOCABULARY = """
-import itertools, random, sys
+import itertools, random, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from absl import logging
 from maelm_jax.data import tokenizer
 logging.set_verbosity(logging.INFO)
