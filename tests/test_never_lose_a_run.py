@@ -18,7 +18,8 @@ from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.run.metric_writers import truncate_jsonl
 from tests.test_resume import (REPO, TOTAL_STEPS, command, losses,  # noqa: F401
-                               reference, run, steps_logged)  # (reference: a fixture)
+                               reference, reference_workdir, run,
+                               steps_logged)  # (reference, reference_workdir: fixtures)
 
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
 # this file out (pytest.ini's `slow`).

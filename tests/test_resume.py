@@ -4,6 +4,7 @@ checkpoints, other device counts, init_from, non-finite steps, bad input."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,14 +69,27 @@ def steps_logged(workdir):
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory, tokenizer_file):
-  """The uninterrupted run's losses, which every interrupted run here and in
-  test_never_lose_a_run.py must reproduce: one run for the session."""
-  workdir = built_once(tmp_path_factory, "reference_run",
-                       lambda path: run(path, tokenizer_file))
-  steps, values = losses(workdir)
+def reference_workdir(tmp_path_factory, tokenizer_file):
+  """The uninterrupted run, one for the session: its losses are what every
+  interrupted run here and in test_never_lose_a_run.py must reproduce, and a
+  copy of it is the finished run other tests start from (it keeps the
+  checkpoints of steps 30, 35 and 40)."""
+  return built_once(tmp_path_factory, "reference_run",
+                    lambda path: run(path, tokenizer_file, "--config.keep_checkpoints=3"))
+
+
+@pytest.fixture(scope="session")
+def reference(reference_workdir):
+  """The uninterrupted run's losses."""
+  steps, values = losses(reference_workdir)
   assert steps == list(range(1, TOTAL_STEPS + 1))
   return values
+
+
+def copy_of(workdir, to):
+  """A copy of a finished run's workdir, to resume, damage or start from."""
+  shutil.copytree(workdir, to)
+  return to
 
 
 def interrupt(workdir, tokenizer_file, sig, *extra, after_steps=12):
@@ -128,7 +142,6 @@ def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file
   text into the same path. Unpacked there and resumed, it logs the uninterrupted
   run's losses."""
   import lzma
-  import shutil
   import tarfile
   from maelm_jax.data import prepare_data, sources
   texts = tmp_path / "text"
@@ -172,8 +185,9 @@ def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file
 
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path,
                                                              tokenizer_file,
+                                                             reference_workdir,
                                                              reference):
-  run(tmp_path, tokenizer_file, "--config.total_steps=40", "--config.keep_checkpoints=3")
+  tmp_path = copy_of(reference_workdir, tmp_path / "run")
   ckpt = pathlib.Path(checkpoints.checkpoint_dir(tmp_path))
   assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == [30, 35, 40]
   # Truncate every data file of the newest step's state.
@@ -181,7 +195,6 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path,
     if path.is_file() and path.stat().st_size > 1000:
       path.write_bytes(path.read_bytes()[:100])
   # And remove an item of the one before.
-  import shutil
   shutil.rmtree(ckpt / "35" / "data")
   out = run(tmp_path, tokenizer_file, "--config.total_steps=40")
   assert "checkpoint at step 40 cannot be restored" in out.stderr
@@ -196,27 +209,28 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path,
 
 
 @pytest.mark.parametrize("devices", [1, 4])
-def test_resume_on_another_device_count(tmp_path, tokenizer_file, reference, devices):
-  run(tmp_path, tokenizer_file, "--config.total_steps=40",
-      "--config.checkpoint_every=20", devices=8)
-  # Pretend the run stopped at 20: drop the later checkpoint, resume elsewhere.
-  import shutil
-  shutil.rmtree(os.path.join(checkpoints.checkpoint_dir(tmp_path), "40"))
+def test_resume_on_another_device_count(tmp_path, tokenizer_file, reference_workdir,
+                                        reference, devices):
+  # The run of 8 devices, as if it had stopped at 30: its later checkpoints
+  # dropped, it resumes elsewhere.
+  tmp_path = copy_of(reference_workdir, tmp_path / "run")
+  for step in ("35", "40"):
+    shutil.rmtree(os.path.join(checkpoints.checkpoint_dir(tmp_path), step))
   out = run(tmp_path, tokenizer_file, "--config.mesh_shape=(-1,1,1)",
             devices=devices)
-  assert f"over {devices} devices" in out.stderr and "at step 20" in out.stderr
+  assert f"over {devices} devices" in out.stderr and "at step 30" in out.stderr
   steps, values = losses(tmp_path)
   assert steps == list(range(1, TOTAL_STEPS + 1))
   np.testing.assert_allclose(values, reference, rtol=2e-5, atol=2e-5)
 
 
-def test_init_from_starts_a_new_run_from_another_runs_params(tmp_path, tokenizer_file):
-  source = tmp_path / "source"
-  run(source, tokenizer_file, "--config.total_steps=10")
+def test_init_from_starts_a_new_run_from_another_runs_params(tmp_path, tokenizer_file,
+                                                            reference_workdir):
+  source = copy_of(reference_workdir, tmp_path / "source")
   target = tmp_path / "target"
   out = run(target, "", f"--config.init_from={source}", "--config.total_steps=5",
             "--config.tokenizer.path=")
-  assert f"initialised params from step 10 of {source}" in out.stderr
+  assert f"initialised params from step 40 of {source}" in out.stderr
   assert (target / "tokenizer.model").read_bytes() == pathlib.Path(
       tokenizer_file).read_bytes()
   _, fresh = losses(source)
@@ -257,8 +271,8 @@ def test_nonfinite_policy_stop_names_the_step_and_keeps_checkpoints(tmp_path):
   assert checkpoints.latest_step(tmp_path) is not None  # Earlier ones are kept.
 
 
-def test_workdir_of_another_config_is_refused(tmp_path, tokenizer_file):
-  run(tmp_path, tokenizer_file, "--config.total_steps=2", "--config.warmup_steps=1")
+def test_workdir_of_another_config_is_refused(tmp_path, tokenizer_file, reference_workdir):
+  tmp_path = copy_of(reference_workdir, tmp_path / "run")
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="8")
   out = subprocess.run(command(tmp_path, tokenizer_file, "--config.model.mask_ratio=0.3"),
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
