@@ -52,7 +52,7 @@ def lower_abstract_step(cfg, config, seq_len, batch):
   ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32,
                              sharding=sharding.batch_sharding(mesh))
   start = time.perf_counter()
-  lowered = step.lower(abstract, {"input_ids": ids})
+  lowered = step.lower(abstract, {"input_ids": ids}, train_lib.learning_rate_knots(config))
   return lowered, time.perf_counter() - start
 
 

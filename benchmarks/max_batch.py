@@ -95,7 +95,7 @@ def verify(cfg, config, seq_len: int, batch: int, seed: int = 0) -> dict:
   batch_arrays = {"input_ids": jax.device_put(ids, sharding.batch_sharding(mesh))}
   start = time.perf_counter()
   for _ in range(2):
-    state, metrics = step(state, batch_arrays)
+    state, metrics = step(state, batch_arrays, train_lib.learning_rate_knots(config))
   jax.block_until_ready((state, metrics))
   stats = jax.devices()[0].memory_stats() or {}
   return {"ran_s": round(time.perf_counter() - start, 2),

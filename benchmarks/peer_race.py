@@ -159,8 +159,9 @@ class OursWorker:
                                         config.grad_accum_steps)
     self.batch = {"input_ids": jax.device_put(inputs["input_ids"],
                                               sharding.batch_sharding(mesh))}
+    self.knots = train_lib.learning_rate_knots(config)
     t0 = time.perf_counter()
-    self.step = train_step.lower(self.state, self.batch).compile()
+    self.step = train_step.lower(self.state, self.batch, self.knots).compile()
     self.compile_s = time.perf_counter() - t0
     import flax
     import jaxlib
@@ -180,7 +181,7 @@ class OursWorker:
   def run(self, steps: int) -> float:
     metrics = None
     for _ in range(steps):
-      self.state, metrics = self.step(self.state, self.batch)
+      self.state, metrics = self.step(self.state, self.batch, self.knots)
     self.jax.block_until_ready((self.state, metrics))
     return float(metrics["loss"])
 

@@ -81,15 +81,16 @@ def check(config, chip_name: str = "", steps: int = 10, repeats: int = 3,
   ids = random_ids(built.batch_size, built.seq_len, built.model_cfg.vocab_size, seed)
   batch = {"input_ids": jax.device_put(ids, sharding.batch_sharding(built.mesh))}
   step = built.compiled
+  knots = program.learning_rate_knots
   started = time.perf_counter()
-  state, metrics = step(state, batch)
+  state, metrics = step(state, batch, knots)
   jax.block_until_ready((state, metrics))
   warm_up = time.perf_counter() - started
   windows = []
   for _ in range(repeats):
     started = time.perf_counter()
     for _ in range(steps):
-      state, metrics = step(state, batch)
+      state, metrics = step(state, batch, knots)
     jax.block_until_ready((state, metrics))
     windows.append((time.perf_counter() - started) / steps)
   loss = float(metrics["loss"])

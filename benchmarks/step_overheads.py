@@ -73,15 +73,16 @@ class Variant:
         model_cfg, peer_race.SEQ_LEN, tx, mesh, seed)
     step, _ = train_lib.jit_steps(model_cfg, peer_race.SEQ_LEN, tx, mesh, shardings, 1)
     self.batch = {"input_ids": jax.device_put(ids, sharding.batch_sharding(mesh))}
+    self.knots = train_lib.learning_rate_knots(config)
     with guard_removed() if no_guard else contextlib.nullcontext():
-      self.step = step.lower(self.state, self.batch).compile()
+      self.step = step.lower(self.state, self.batch, self.knots).compile()
     self.run(1)
     self.seconds = []
 
   def run(self, steps):
     t0 = time.perf_counter()
     for _ in range(steps):
-      self.state, metrics = self.step(self.state, self.batch)
+      self.state, metrics = self.step(self.state, self.batch, self.knots)
     jax.block_until_ready((self.state, metrics))
     return time.perf_counter() - t0
 

@@ -240,7 +240,8 @@ class Runner:
     train_step, _ = train_lib.jit_steps(self.model_cfg, seq_len, tx, mesh, shardings,
                                         config.grad_accum_steps)
     self.batch = {"input_ids": jax.device_put(ids, sharding.batch_sharding(mesh))}
-    self.lowered = train_step.lower(self.state, self.batch)
+    self.knots = train_lib.learning_rate_knots(config)
+    self.lowered = train_step.lower(self.state, self.batch, self.knots)
     self.counts = self.model_cfg.mask_counts(seq_len)
     self.model_flops = flops.train_flops_per_step(self.model_cfg, seq_len, batch)
     parts = flops.forward_flops_per_sequence(self.model_cfg, seq_len)
@@ -276,7 +277,7 @@ class Runner:
     t0 = time.perf_counter()
     metrics = None
     for _ in range(steps):
-      self.state, metrics = self.step(self.state, self.batch)
+      self.state, metrics = self.step(self.state, self.batch, self.knots)
     jax.block_until_ready((self.state, metrics))
     elapsed = time.perf_counter() - t0
     loss = float(metrics["loss"])

@@ -348,11 +348,18 @@ def _stack_layers(model_cfg, site: str) -> int:
   return model_cfg.num_layers if site == "encoder" else model_cfg.decoder_layers
 
 
+def _lower_train_step(program: train_lib.Program):
+  """The train step lowered for the abstract state, batch and schedule."""
+  import jax  # pylint: disable=g-import-not-at-top
+  knots = program.learning_rate_knots
+  return program.train_step.lower(program.abstract_state, program.batch,
+                                  jax.ShapeDtypeStruct(knots.shape, knots.dtype))
+
+
 def _cost(built: Built) -> tuple[float, float]:
   """XLA's (FLOPs, bytes accessed) per chip of `built`'s compiled train step."""
   program = built.program
-  cost = program.train_step.lower(program.abstract_state,
-                                  program.batch).compile().cost_analysis() or {}
+  cost = _lower_train_step(program).compile().cost_analysis() or {}
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
@@ -419,7 +426,7 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True,
     raise PlanError(f"no constants for the chip {devices[0].device_kind!r}: add it "
                     "to flops.CHIPS (peak bf16 FLOP/s, HBM bytes and bandwidth)")
   with attention.recording_choices() as choices:
-    lowered = program.train_step.lower(program.abstract_state, program.batch)
+    lowered = _lower_train_step(program)
   started = time.perf_counter()
   compiled, oom = None, None
   try:

@@ -247,7 +247,7 @@ def test_tpu_flash_kernel_runs_per_shard_in_the_sharded_train_step(monkeypatch):
     state, shardings = train_lib.create_sharded_state(cfg, 128, tx, mesh, seed=0)
     step, _ = train_lib.jit_steps(cfg, 128, tx, mesh, shardings)
     batch = {"input_ids": jax.device_put(ids, sharding.batch_sharding(mesh))}
-    state, metrics = step(state, batch)
+    state, metrics = step(state, batch, train_lib.learning_rate_knots(config))
     results[impl] = (float(metrics["loss"]), jax.device_get(state.params))
     assert bool(calls) == (impl == "auto")
   # The step's calls are per shard: 8 rows / (data 2 x fsdp 2), 2 heads / tensor 2,

@@ -246,12 +246,13 @@ def test_nonfinite_step_is_skipped_and_counted():
   state, shardings = train_lib.create_sharded_state(cfg, 32, tx, mesh, 0)
   step, _ = train_lib.jit_steps(cfg, 32, tx, mesh, shardings)
   batch = {"input_ids": random_ids(8, 32, 64)}
-  state, _ = step(state, batch)
+  knots = train_lib.learning_rate_knots(config)
+  state, _ = step(state, batch, knots)
   good_bias = state.params["lm_head"]["bias"]
   poisoned = state.replace(params={**state.params, "lm_head": {
       **state.params["lm_head"], "bias": good_bias.at[7].set(np.nan)}})
   before = jax.tree.map(np.asarray, (poisoned.params, poisoned.opt_state))
-  after_state, metrics = step(poisoned, batch)
+  after_state, metrics = step(poisoned, batch, knots)
   assert not np.isfinite(float(metrics["loss"]))
   assert int(after_state.step) == 2 and int(after_state.nonfinite_count) == 1
   assert int(after_state.last_nonfinite_step) == 2

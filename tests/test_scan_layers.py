@@ -113,11 +113,12 @@ def test_scanned_and_unrolled_runs_train_alike_for_several_steps():
   initial_kernel = np.asarray(state.params["encoder"]["layer_1"]["mlp"]["wi"]["kernel"])
   step, _ = train_lib.jit_steps(unrolled, 32, tx, mesh, shardings)
   scanned_step, _ = train_lib.jit_steps(scanned, 32, tx, mesh, scanned_shardings)
+  knots = train_lib.learning_rate_knots(config)
   losses, scanned_losses = [], []
   for i in range(4):
     batch = {"input_ids": random_ids(8, 32, VOCAB, seed=i)}
-    state, metrics = step(state, batch)
-    scanned_state, scanned_metrics = scanned_step(scanned_state, batch)
+    state, metrics = step(state, batch, knots)
+    scanned_state, scanned_metrics = scanned_step(scanned_state, batch, knots)
     losses.append(float(metrics["loss"]))
     scanned_losses.append(float(scanned_metrics["loss"]))
   np.testing.assert_allclose(scanned_losses, losses, rtol=1e-5)

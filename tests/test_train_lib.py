@@ -28,7 +28,8 @@ def run_steps(config, mesh_shape, steps=4, accum=1):
   for i in range(steps):
     # Tokens from a 16-word sub-vocabulary: learnable, so the loss must fall.
     ids = random_ids(config.batch_size, config.seq_len, 21, seed=i)
-    state, metrics = step_fn(state, {"input_ids": ids})
+    state, metrics = step_fn(state, {"input_ids": ids},
+                             train_lib.learning_rate_knots(config))
     losses.append(float(metrics["loss"]))
   return losses, state, shardings
 
@@ -332,7 +333,8 @@ def test_every_objective_learns_to_read_the_context(objective, decoder):
   accuracies = []
   for i in range(config.total_steps):
     ids = periodic_ids(config.batch_size, config.seq_len, VOCAB, period=3, seed=i)
-    state, metrics = step_fn(state, {"input_ids": ids})
+    state, metrics = step_fn(state, {"input_ids": ids},
+                             train_lib.learning_rate_knots(config))
     accuracies.append(float(metrics["accuracy"]))
   # Chance is ~1/123; reading the neighbours' copies gets close to 1.
   assert np.mean(accuracies[:10]) < 0.1
@@ -404,3 +406,95 @@ def test_a_finished_run_made_longer_is_told_its_rate_is_spent():
         longer, json.loads(config.to_json_best_effort()), resume_step=200)
   assert float(train_lib.learning_rate_schedule(longer)(225)) == pytest.approx(0.0)
   assert "under a tenth of the peak" in line and "--config.init_from" in line
+
+
+def _optax_schedule(config):
+  """The schedule as it was built from optax's pieces before it became corners
+  (train_lib.learning_rate_knots): the reference the corners must reproduce."""
+  import optax  # pylint: disable=g-import-not-at-top
+  peak = config.learning_rate
+  end = peak * config.end_learning_rate_ratio
+  segments = [tuple(s) for s in config.get("lr_schedule_segments") or ()]
+  first_total = segments[0][1] if segments else config.total_steps
+  warmup_steps = min(config.warmup_steps, first_total)
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, max(warmup_steps, 1)),
+       optax.linear_schedule(peak, end, max(first_total - warmup_steps, 1))],
+      [warmup_steps])
+  for start, total in segments[1:]:
+    rate = float(schedule(start))
+    schedule = optax.join_schedules(
+        [schedule, optax.linear_schedule(rate, end, max(total - start, 1))], [start])
+  return schedule
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(warmup_steps=20, total_steps=200, end_learning_rate_ratio=0.1),
+    dict(warmup_steps=0, total_steps=50),
+    dict(warmup_steps=200, total_steps=20),  # Shorter than its warm-up.
+    dict(warmup_steps=1, total_steps=1),
+    dict(warmup_steps=20, total_steps=300,
+         lr_schedule_segments=((0, 200), (150, 300), (220, 400))),  # Resumed twice.
+])
+def test_the_schedules_corners_give_optaxs_schedule(overrides):
+  config = tiny_config(learning_rate=1e-3, **overrides)
+  knots = train_lib.learning_rate_knots(config)
+  assert knots.dtype == np.float32 and knots.shape[1] == 2
+  reference, host = _optax_schedule(config), train_lib.learning_rate_schedule(config)
+  device = jax.jit(lambda c, k: jnp.interp(c.astype(jnp.float32), k[:, 0], k[:, 1]))
+  last = int(knots[-1, 0]) + 5
+  counts = np.arange(last)
+  want = np.asarray([float(reference(c)) for c in counts])
+  # To float32's rounding of the corners: a millionth of the peak rate.
+  np.testing.assert_allclose([host(c) for c in counts], want, rtol=1e-6, atol=1e-9)
+  np.testing.assert_allclose(jax.vmap(device, (0, None))(jnp.asarray(counts), knots),
+                             want, rtol=1e-5, atol=1e-9)
+
+
+def test_one_compiled_step_serves_every_schedule_and_follows_the_one_given():
+  """Runs that differ in steps, warm-up or peak rate compile the same program
+  (the schedule is the step's input); the optimizer's state is optax.adamw's,
+  so checkpoints written before still restore; the step applies the rate of
+  the corners it is given."""
+  import optax  # pylint: disable=g-import-not-at-top
+  short = tiny_config("maelm", learning_rate=1e-3, warmup_steps=0, total_steps=10,
+                      **{"model.dropout": 0.0, "model.attention_dropout": 0.0})
+  longer = tiny_config("maelm", learning_rate=2e-3, warmup_steps=0, total_steps=400,
+                       **{"model.dropout": 0.0, "model.attention_dropout": 0.0})
+  cfg = model_lib.ModelConfig.from_config(short.model, VOCAB, 4)
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  texts, steps = [], []
+  for config in (short, longer):
+    tx = train_lib.make_optimizer(config)
+    abstract, shardings = train_lib.abstract_sharded_state(cfg, config.seq_len, tx, mesh)
+    step, _ = train_lib.jit_steps(cfg, config.seq_len, tx, mesh, shardings)
+    batch = {"input_ids": jax.ShapeDtypeStruct((config.batch_size, config.seq_len),
+                                               jnp.int32)}
+    knots = train_lib.learning_rate_knots(config)
+    texts.append(step.lower(abstract, batch, knots).as_text())
+    steps.append(step)
+  assert texts[0] == texts[1]
+
+  params = {"w": jnp.ones((3, 4))}
+  old = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+      optax.linear_schedule(0.0, 1e-3, 10), weight_decay=0.01,
+      mask=train_lib.weight_decay_mask))
+  assert (jax.tree.structure(train_lib.make_optimizer(short).init(params))
+          == jax.tree.structure(old.init(params)))
+
+  tx = train_lib.make_optimizer(short)
+  state, shardings = train_lib.create_sharded_state(cfg, short.seq_len, tx, mesh, 0)
+  start = jax.device_get(state.params)
+  ids = {"input_ids": random_ids(short.batch_size, short.seq_len, 21, seed=0)}
+  moved = {}
+  for config in (short, longer):  # Peak rates 1e-3 and 2e-3, no warm-up.
+    fresh = jax.tree.map(jnp.copy, state)
+    after, _ = steps[0](fresh, ids, train_lib.learning_rate_knots(config))
+    moved[config.learning_rate] = jax.tree.map(
+        lambda a, b: np.asarray(a) - b, jax.device_get(after.params), start)
+  for a, b, p in zip(jax.tree.leaves(moved[1e-3]), jax.tree.leaves(moved[2e-3]),
+                     jax.tree.leaves(start)):
+    # To the rounding of the float32 parameters the updates were added to.
+    rounding = 4 * np.finfo(np.float32).eps * np.abs(p).max()
+    np.testing.assert_allclose(b, 2 * a, rtol=1e-4, atol=rounding)
+  assert max(np.abs(a).max() for a in jax.tree.leaves(moved[1e-3])) > 1e-4

@@ -238,7 +238,8 @@ def finetune_program(config, problem, model_cfg, total_steps: int,
                      mesh) -> train_lib.Program:
   """The fine-tuning run's optimizer, sharded state layout and jitted steps;
   the planner (plan.py) builds the step it compiles with this same function."""
-  tx = train_lib.make_optimizer(optimizer_config(config, total_steps))
+  schedule_config = optimizer_config(config, total_steps)
+  tx = train_lib.make_optimizer(schedule_config)
   model = problem.make_model(model_cfg, deterministic=True)
   abstract, state_shardings = abstract_state(model, config.max_seq_len, tx, mesh)
   train_step, predict_step = make_steps(problem, model_cfg, tx, mesh, state_shardings)
@@ -246,15 +247,16 @@ def finetune_program(config, problem, model_cfg, total_steps: int,
   batch = {key: jax.ShapeDtypeStruct((config.batch_size,) + shape, dtype, sharding=rows)
            for key, (shape, dtype) in problem.batch_spec().items()}
   return train_lib.Program(tx, abstract, state_shardings, train_step, predict_step,
-                           batch)
+                           batch, train_lib.learning_rate_knots(schedule_config))
 
 
 def make_steps(problem, model_cfg, tx, mesh, state_shardings):
-  """jit-compiled train step (state donated) and predict step."""
+  """jit-compiled train step (state donated; its learning-rate schedule an input,
+  train_lib.learning_rate_knots) and predict step."""
   train_model = problem.make_model(model_cfg, deterministic=False)
   eval_model = problem.make_model(model_cfg, deterministic=True)
 
-  def train_step(state, batch):
+  def train_step(state, batch, learning_rate_knots):
     dropout_rng = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params):
@@ -263,7 +265,8 @@ def make_steps(problem, model_cfg, tx, mesh, state_shardings):
       return problem.loss(outputs, batch)
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params,
+                                   learning_rate_knots=learning_rate_knots)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -274,7 +277,8 @@ def make_steps(problem, model_cfg, tx, mesh, state_shardings):
   rows = sharding.batch_sharding(mesh)
   batch_shardings = {key: rows for key in problem.batch_spec()}
   train_step = jax.jit(train_lib.with_kernel_mesh(train_step, mesh),
-                       in_shardings=(state_shardings, batch_shardings),
+                       in_shardings=(state_shardings, batch_shardings,
+                                     sharding.replicated(mesh)),
                        out_shardings=(state_shardings, sharding.replicated(mesh)),
                        donate_argnums=0)
   predict_step = jax.jit(train_lib.with_kernel_mesh(predict_step, mesh),
@@ -359,6 +363,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   train_step, predict_step = program.train_step, program.eval_step
   model = problem.make_model(model_cfg, deterministic=True)
   schedule = train_lib.learning_rate_schedule(optimizer_config(config, total_steps))
+  knots = jax.device_put(program.learning_rate_knots, sharding.replicated(mesh))
   logging.info("%d epochs x %d steps of %d examples (%d warm-up steps); mesh %s",
                config.num_epochs, steps_per_epoch, config.batch_size,
                round(config.warmup_ratio * total_steps), dict(mesh.shape))
@@ -416,7 +421,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
         mine = _process_share(rows)  # Index only this process's rows.
         batch = sharding.global_batch(
             mesh, {key: value[mine] for key, value in problem.train.items()})
-        state, train_metrics = train_step(state, batch)
+        state, train_metrics = train_step(state, batch, knots)
         step += 1
         if not compiled:  # Leave compilation out of the throughput.
           jax.block_until_ready(train_metrics)

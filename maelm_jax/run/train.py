@@ -354,6 +354,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   tracing = False  # A jax.profiler trace running (config.profile_steps).
   try:
     schedule = train_lib.learning_rate_schedule(config)
+    # The train step's schedule input: every step of a run reads the same corners.
+    knots = jax.device_put(program.learning_rate_knots, sharding.replicated(mesh))
     # The mask rate's stages (config_lib.mask_ratios): one for a constant rate.
     stage_steps = program.stage_train_steps
     stage_flops = config_lib.stage_train_flops(config, model_cfg)
@@ -393,7 +395,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       if profile and step == profile[0]:
         jax.profiler.start_trace(profile_dir)
         tracing = True
-      state, metrics = train_step(state, batch)
+      state, metrics = train_step(state, batch, knots)
       if tracing and step == profile[1] - 1:
         jax.block_until_ready(metrics)
         jax.profiler.stop_trace()

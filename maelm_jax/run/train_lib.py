@@ -35,9 +35,11 @@ class TrainState(flax.struct.PyTreeNode):
   last_nonfinite_step: jax.Array  # 1-based step number, 0 if none.
 
 
-def learning_rate_schedule(config) -> optax.Schedule:
-  """Linear warm-up from 0, then linear decay to end_learning_rate_ratio * peak.
+def learning_rate_knots(config) -> np.ndarray:
+  """The learning-rate schedule as float32 [K, 2] corners (update count, rate):
+  linear between them, flat after the last.
 
+  Linear warm-up from 0, then linear decay to end_learning_rate_ratio * peak.
   A run shorter than its warm-up (a quick try with total_steps=20) warms up over
   all of its steps.
 
@@ -45,21 +47,58 @@ def learning_rate_schedule(config) -> optax.Schedule:
   to the step it resumed from, then goes linearly from the rate there to the
   end rate at the new total_steps (`lr_schedule_segments`, written by
   `continued_schedule`): the rate never jumps back up.
+
+  The train step takes the corners as an input (`make_train_step`), so runs
+  that differ only in their schedule (steps, warm-up, peak rate) share one
+  compiled step: a sweep over learning rates, a run resumed longer.
   """
   peak = config.learning_rate
   end = peak * config.end_learning_rate_ratio
   segments = [tuple(s) for s in defaults.get(config, "lr_schedule_segments")]
   first_total = segments[0][1] if segments else config.total_steps
   warmup_steps = min(config.warmup_steps, first_total)
-  warmup = optax.linear_schedule(0.0, peak, max(warmup_steps, 1))
-  decay = optax.linear_schedule(peak, end, max(first_total - warmup_steps, 1))
-  schedule = optax.join_schedules([warmup, decay], [warmup_steps])
+  knots = [(0, 0.0), (warmup_steps, peak)] if warmup_steps > 0 else [(0, peak)]
+  knots.append((max(first_total, warmup_steps + 1), end))
   for start, total in segments[1:]:
     # Optax counts the updates done: the update of step start + 1 is count start.
-    rate = float(schedule(start))
-    schedule = optax.join_schedules(
-        [schedule, optax.linear_schedule(rate, end, max(total - start, 1))], [start])
-  return schedule
+    rate = _rate_at(start, knots)
+    knots = [k for k in knots if k[0] < start] + [(start, rate),
+                                                  (max(total, start + 1), end)]
+  return np.asarray(knots, np.float32)
+
+
+def _rate_at(count, knots) -> float:
+  knots = np.asarray(knots, np.float64)
+  return float(np.interp(count, knots[:, 0], knots[:, 1]))
+
+
+def learning_rate_schedule(config) -> Callable[[int], float]:
+  """The rate of update `count` (0-based) on the host: `learning_rate_knots`
+  read as the train step reads them."""
+  knots = learning_rate_knots(config)
+  return lambda count: _rate_at(count, knots)
+
+
+def scale_by_scheduled_rate(knots: np.ndarray) -> optax.GradientTransformationExtraArgs:
+  """Updates times -rate(count), the rate linear between the corners `knots`
+  (`learning_rate_knots`) or those given to the update as
+  `learning_rate_knots=` (the train step's input). Its state is optax's
+  `scale_by_learning_rate(schedule)`'s, so checkpoints of either restore."""
+  default = np.asarray(knots, np.float32)
+
+  def init_fn(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, learning_rate_knots=None, **extra_args):
+    del params, extra_args
+    corners = default if learning_rate_knots is None else learning_rate_knots
+    rate = jnp.interp(state.count.astype(jnp.float32), corners[:, 0], corners[:, 1])
+    updates = jax.tree.map(lambda g: (-rate).astype(g.dtype) * g, updates)
+    return updates, optax.ScaleByScheduleState(
+        count=optax.safe_increment(state.count))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def continued_schedule(config, saved: dict | None, resume_step: int | None):
@@ -77,7 +116,7 @@ def continued_schedule(config, saved: dict | None, resume_step: int | None):
   if config.total_steps == saved_total or resume_step >= config.total_steps:
     return config, None
   config.lr_schedule_segments = segments or ((0, saved_total),)  # As it trained.
-  rate = float(learning_rate_schedule(config)(resume_step))
+  rate = learning_rate_schedule(config)(resume_step)
   config.lr_schedule_segments += ((resume_step, config.total_steps),)
   peak = config.learning_rate
   line = (f"total_steps {saved_total} -> {config.total_steps}: the learning rate keeps "
@@ -207,9 +246,13 @@ def scale_by_relative_size() -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
+def make_optimizer(config) -> optax.GradientTransformationExtraArgs:
+  """AdamW (or, with relative_updates, LAMB) with clipping and the schedule of
+  `learning_rate_knots`. Its update takes `learning_rate_knots=` (the train
+  step's input); without, it follows the config's own schedule. The state is
+  optax.adamw's with a schedule."""
   layer_decay = defaults.get(config, "layer_decay")
-  schedule = learning_rate_schedule(config)
+  rate = scale_by_scheduled_rate(learning_rate_knots(config))
   if defaults.get(config, "relative_updates"):
     # AdamW's direction (decay included), each tensor's step rescaled to its
     # norm, times the schedule: LAMB.
@@ -218,14 +261,15 @@ def make_optimizer(config) -> optax.GradientTransformation:
         optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps),
         optax.add_decayed_weights(config.weight_decay, mask=_decay_mask(config)),
         scale_by_relative_size(),
-        optax.scale_by_learning_rate(schedule),
+        rate,
         *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
     )
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip_norm),
-      optax.adamw(schedule, b1=config.adam_b1,
-                  b2=config.adam_b2, eps=config.adam_eps,
-                  weight_decay=config.weight_decay, mask=_decay_mask(config)),
+      optax.chain(  # optax.adamw, its rate from the schedule's corners.
+          optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps),
+          optax.add_decayed_weights(config.weight_decay, mask=_decay_mask(config)),
+          rate),
       *([scale_by_layer_decay(layer_decay)] if layer_decay != 1.0 else []),
   )
 
@@ -339,12 +383,14 @@ def _split_microbatches(tree, num_micro: int):
 
 
 def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: int = 1):
-  """Returns train_step(state, batch) -> (state, metrics); jit it with shardings."""
+  """Returns train_step(state, batch, learning_rate_knots) -> (state, metrics);
+  jit it with shardings. The knots are `learning_rate_knots(config)`: an input,
+  not constants, so that one compiled step serves every schedule."""
   # The pipeline's rows are `[CLS] tokens [SEP] [PAD]...` (pipeline.PackRowsIterDataset).
   model = MaskedLM(model_cfg, deterministic=False, right_padded=True)
   counts = model_cfg.mask_counts(seq_len)
 
-  def train_step(state: TrainState, batch):
+  def train_step(state: TrainState, batch, learning_rate_knots):
     step_rng = jax.random.fold_in(state.rng, state.step)
     mask_rng, dropout_rng = jax.random.split(step_rng)
     masks = masking.draw_masks(mask_rng, batch["input_ids"], counts,
@@ -381,7 +427,8 @@ def make_train_step(model_cfg: ModelConfig, seq_len: int, tx, grad_accum_steps: 
 
     loss = loss_sum / total_weight
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params,
+                                   learning_rate_knots=learning_rate_knots)
     params = optax.apply_updates(state.params, updates)
     # A non-finite loss or gradient never reaches the parameters or the Adam
     # moments: the step is skipped and counted; the loop decides to go on or stop.
@@ -453,7 +500,7 @@ def jit_steps(model_cfg, seq_len, tx, mesh, state_shardings, grad_accum_steps=1)
   replicated = sharding.replicated(mesh)
   train_step = jax.jit(
       with_kernel_mesh(make_train_step(model_cfg, seq_len, tx, grad_accum_steps), mesh),
-      in_shardings=(state_shardings, batch_shardings),
+      in_shardings=(state_shardings, batch_shardings, replicated),
       out_shardings=(state_shardings, replicated),
       donate_argnums=0)
   eval_step = jax.jit(
@@ -472,9 +519,12 @@ class Program:
   tx: optax.GradientTransformation
   abstract_state: Any  # ShapeDtypeStructs with shardings: nothing allocated.
   state_shardings: Any
-  train_step: Callable  # jitted (state, batch) -> (state, metrics); state donated.
+  # jitted (state, batch, learning_rate_knots) -> (state, metrics); state donated.
+  train_step: Callable
   eval_step: Callable  # jitted; pretraining's eval step, fine-tuning's predict step.
   batch: dict  # name -> ShapeDtypeStruct of one global training batch, sharded.
+  # The train step's schedule input: `learning_rate_knots` of the run's config.
+  learning_rate_knots: np.ndarray = None
   # Pretraining with a mask rate that changes (config_lib.mask_ratios): the
   # train step of each stage, the last being `train_step` (the standard rate).
   stage_train_steps: tuple = ()
@@ -496,4 +546,5 @@ def pretrain_program(config, model_cfg: ModelConfig, mesh) -> Program:
       jit_steps(stage_cfg, config.seq_len, tx, mesh, shardings,
                 config.grad_accum_steps)[0]
       for stage_cfg in config_lib.stage_model_configs(config, model_cfg))
-  return Program(tx, abstract, shardings, train_step, eval_step, batch, stages)
+  return Program(tx, abstract, shardings, train_step, eval_step, batch,
+                 learning_rate_knots(config), stages)
