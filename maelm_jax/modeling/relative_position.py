@@ -94,9 +94,11 @@ def local_bias_init(cfg):
   def init(key, shape, dtype=jnp.float32):
     del key
     # Computed only when the table is created, never in the forward pass.
+    # As one jitted program: run op by op, its twenty operations were compiled
+    # one by one at every start (a second and more on a CPU).
     with jax.ensure_compile_time_eval():  # Constants, also under jit.
       offsets = jnp.arange(-reach, reach + 1)
-      buckets = np.asarray(bucket(offsets, cfg))
+      buckets = np.asarray(jax.jit(lambda o: bucket(o, cfg))(offsets))
     # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
     distance = np.full((num_buckets,), float(max_distance), np.float32)
     np.minimum.at(distance, buckets, np.abs(np.asarray(offsets)).astype(np.float32))
