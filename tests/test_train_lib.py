@@ -142,7 +142,8 @@ def test_layer_decay_scales_each_update_by_decay_to_the_distance_from_the_top(
     config.unlock()
     config.layer_decay = decay
     tx = train_lib.make_optimizer(config)
-    updates[decay] = _by_name(tx.update(grads, tx.init(params), params)[0])
+    updates[decay] = _by_name(  # As one program, not op by op.
+        jax.jit(lambda g, p, tx=tx: tx.update(g, tx.init(p), p)[0])(grads, params))
   full, decayed = updates[1.0], updates[0.5]
   assert abs(full["['head']['out']['kernel']"]).min() > 0
   # L = 2: head x1, layer 1 (depth 2) x0.5, layer 0 x0.25, embeddings x0.125.
@@ -171,7 +172,8 @@ def test_relative_updates_move_every_tensor_by_the_rate_times_its_norm(scan_laye
   config.unlock()
   config.relative_updates = True
   tx = train_lib.make_optimizer(config)
-  updates = tx.update(grads, tx.init(params), params)[0]
+  # One program: op by op, every leaf's few operations compiled on their own.
+  updates = jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params)
   flat_p, flat_u = _by_name(params), _by_name(updates)
   for name, p in flat_p.items():
     u = np.asarray(flat_u[name])
@@ -355,7 +357,8 @@ def test_pretraining_with_relative_updates_moves_each_scanned_layer_by_the_rate(
   grads = jax.tree.map(lambda p: jnp.asarray(np.random.default_rng(1).normal(
       size=p.shape), p.dtype), params)
   tx = train_lib.make_optimizer(config)
-  updates = tx.update(grads, tx.init(params), params)[0]
+  # One program: op by op, every leaf's few operations compiled on their own.
+  updates = jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params)
   flat_p, flat_u = _by_name(params), _by_name(updates)
   stacked = [name for name in flat_p if "['layers']" in name]
   assert any(name.startswith("['decoder']") for name in stacked)
