@@ -162,11 +162,13 @@ def test_layer_decay_scales_each_update_by_decay_to_the_distance_from_the_top(
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_relative_updates_move_every_tensor_by_the_rate_times_its_norm(scan_layers):
   params = _classifier_params(2, scan_layers)
-  # Weights at very different scales, as pretraining leaves them.
-  params = jax.tree.map(lambda p: p * 7.0 + 0.5, params)
-  params["head"]["out"]["bias"] = jnp.zeros_like(params["head"]["out"]["bias"])
-  grads = jax.tree.map(lambda p: jnp.asarray(np.random.default_rng(0).normal(
-      size=p.shape), p.dtype), params)
+  # Weights at very different scales, as pretraining leaves them (in numpy: op
+  # by op, each leaf's shape would be a compile of its own).
+  params = jax.tree.map(lambda p: np.asarray(p) * np.float32(7.0) + np.float32(0.5),
+                        params)
+  params["head"]["out"]["bias"] = np.zeros_like(params["head"]["out"]["bias"])
+  grads = jax.tree.map(lambda p: np.random.default_rng(0).normal(
+      size=p.shape).astype(p.dtype), params)
   config = tiny_config(learning_rate=1e-2, warmup_steps=0, total_steps=10,
                        weight_decay=0.0)
   config.unlock()
