@@ -270,8 +270,7 @@ def test_activation_dropout_is_its_own_knob_and_off_by_default():
   not `model.dropout`; runs saved before the knob existed read back as they ran."""
   ids = random_ids(2, 32, VOCAB)
 
-  def encode(cfg, train):
-    params = init(cfg, draw(cfg, ids))
+  def encode(cfg, params, train):
     return helpers.apply(
         model_lib.Encoder(cfg, deterministic=not train),
         {"params": model_lib.encoder_params(params)}, jnp.asarray(ids),
@@ -280,9 +279,12 @@ def test_activation_dropout_is_its_own_knob_and_off_by_default():
   no_dropout = {"model.dropout": 0.0, "model.attention_dropout": 0.0}
   default = build("mlm", **no_dropout)
   assert default.activation_dropout == 0.0
-  np.testing.assert_array_equal(encode(default, True), encode(default, False))
+  params = init(default, draw(default, ids))  # (the knob adds no parameter)
+  np.testing.assert_array_equal(encode(default, params, True),
+                                encode(default, params, False))
   ffn_only = build("mlm", **no_dropout, **{"model.activation_dropout": 0.5})
-  changed = np.abs(np.asarray(encode(ffn_only, True) - encode(ffn_only, False)))
+  changed = np.abs(np.asarray(encode(ffn_only, params, True)
+                              - encode(ffn_only, params, False)))
   assert changed.mean() > 0.1, changed.mean()
 
   # A config.json from before the knob: the FFN dropped out at `dropout`.
