@@ -1,5 +1,7 @@
 """Static-shape masking invariants."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,10 +13,17 @@ from tests.helpers import random_ids
 VOCAB = 50
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_draw(counts):
+  """`masking.draw_masks` for `counts` as one program, compiled once a shape:
+  run op by op, its few dozen operations were compiled one by one."""
+  return jax.jit(lambda key, ids: masking.draw_masks(key, ids, counts, mask_id=4,
+                                                     vocab_size=VOCAB))
+
+
 def draw(ids, ratio=0.15, replace=0.0, keep=0.0, drop=True, seed=0):
   counts = masking.MaskCounts.create(ids.shape[1], ratio, replace, keep, drop)
-  masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids), counts,
-                             mask_id=4, vocab_size=VOCAB)
+  masks = _jitted_draw(counts)(jax.random.PRNGKey(seed), jnp.asarray(ids))
   return counts, jax.tree.map(np.asarray, masks)
 
 
@@ -156,8 +165,7 @@ def test_too_much_replacement_is_an_error():
 def draw_per_row(ids, ratio, replace, keep, drop, seed=0):
   counts = masking.MaskCounts.create(ids.shape[1], ratio, replace, keep, drop,
                                      per_row=True)
-  masks = masking.draw_masks(jax.random.PRNGKey(seed), jnp.asarray(ids), counts,
-                             mask_id=4, vocab_size=VOCAB)
+  masks = _jitted_draw(counts)(jax.random.PRNGKey(seed), jnp.asarray(ids))
   return counts, jax.tree.map(np.asarray, masks)
 
 
