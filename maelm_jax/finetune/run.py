@@ -362,7 +362,8 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   tx, abstract = program.tx, program.abstract_state
   train_step, predict_step = program.train_step, program.eval_step
   model = problem.make_model(model_cfg, deterministic=True)
-  schedule = train_lib.learning_rate_schedule(optimizer_config(config, total_steps))
+  # The train step's schedule input, and the rate logged: the same corners.
+  schedule = train_lib.schedule_of(program.learning_rate_knots)
   knots = jax.device_put(program.learning_rate_knots, sharding.replicated(mesh))
   logging.info("%d epochs x %d steps of %d examples (%d warm-up steps); mesh %s",
                config.num_epochs, steps_per_epoch, config.batch_size,

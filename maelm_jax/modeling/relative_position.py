@@ -16,7 +16,9 @@ recipe keeps T5's 32 (what every measurement in benchmarks/ used).
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -94,18 +96,30 @@ def local_bias_init(cfg):
   def init(key, shape, dtype=jnp.float32):
     del key
     # Computed only when the table is created, never in the forward pass.
-    # As one jitted program: run op by op, its twenty operations were compiled
-    # one by one at every start (a second and more on a CPU).
-    with jax.ensure_compile_time_eval():  # Constants, also under jit.
-      offsets = jnp.arange(-reach, reach + 1)
-      buckets = np.asarray(jax.jit(lambda o: bucket(o, cfg))(offsets))
+    offsets, buckets = _buckets_within(reach, cfg.relative_bucket_fn, num_buckets,
+                                       max_distance, cfg.max_positions)
     # Smallest |offset| per bucket (buckets no offset reaches get max_distance).
     distance = np.full((num_buckets,), float(max_distance), np.float32)
-    np.minimum.at(distance, buckets, np.abs(np.asarray(offsets)).astype(np.float32))
+    np.minimum.at(distance, buckets, np.abs(offsets).astype(np.float32))
     heads = shape[1]
     slopes = 64.0 ** (-jnp.arange(heads) / max(heads - 1, 1))
     return (-distance[:, None] * slopes[None, :]).astype(dtype)
   return init
+
+
+@functools.lru_cache(maxsize=None)
+def _buckets_within(reach: int, bucket_fn: str, num_buckets: int, max_distance: int,
+                    max_positions: int) -> tuple[np.ndarray, np.ndarray]:
+  """(offsets -reach..reach, their buckets) as numpy, computed once a process
+  (the table's init is traced more than once at a start) and as one jitted
+  program: run op by op, its twenty operations were compiled one by one."""
+  cfg = types.SimpleNamespace(relative_bucket_fn=bucket_fn, relative_buckets=num_buckets,
+                              relative_max_distance=max_distance,
+                              max_positions=max_positions)
+  with jax.ensure_compile_time_eval():  # Constants, also under jit.
+    offsets = jnp.arange(-reach, reach + 1)
+    buckets = jax.jit(lambda o: bucket(o, cfg))(offsets)
+  return np.asarray(offsets), np.asarray(buckets)
 
 
 @jax.custom_vjp

@@ -353,8 +353,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   # ------------------------------------------------------------- Train loop --
   tracing = False  # A jax.profiler trace running (config.profile_steps).
   try:
-    schedule = train_lib.learning_rate_schedule(config)
-    # The train step's schedule input: every step of a run reads the same corners.
+    # The train step's schedule input, and the rate logged: the same corners.
+    schedule = train_lib.schedule_of(program.learning_rate_knots)
     knots = jax.device_put(program.learning_rate_knots, sharding.replicated(mesh))
     # The mask rate's stages (config_lib.mask_ratios): one for a constant rate.
     stage_steps = program.stage_train_steps

@@ -72,11 +72,15 @@ def _rate_at(count, knots) -> float:
   return float(np.interp(count, knots[:, 0], knots[:, 1]))
 
 
-def learning_rate_schedule(config) -> Callable[[int], float]:
-  """The rate of update `count` (0-based) on the host: `learning_rate_knots`
-  read as the train step reads them."""
-  knots = learning_rate_knots(config)
+def schedule_of(knots: np.ndarray) -> Callable[[int], float]:
+  """The rate of update `count` (0-based) on the host, read from the corners
+  as the train step reads them."""
   return lambda count: _rate_at(count, knots)
+
+
+def learning_rate_schedule(config) -> Callable[[int], float]:
+  """`schedule_of` the config's `learning_rate_knots`."""
+  return schedule_of(learning_rate_knots(config))
 
 
 def scale_by_scheduled_rate(knots: np.ndarray) -> optax.GradientTransformationExtraArgs:
