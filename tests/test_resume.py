@@ -70,7 +70,7 @@ def steps_logged(workdir):
 
 @pytest.fixture(scope="session")
 def reference_workdir(tmp_path_factory, tokenizer_file):
-  """The uninterrupted run, one for the session: its losses are what every
+  """The uninterrupted run, one for the whole test run: its losses are what every
   interrupted run here and in test_never_lose_a_run.py must reproduce, and a
   copy of it is the finished run other tests start from (it keeps the
   checkpoints of steps 30, 35 and 40)."""
