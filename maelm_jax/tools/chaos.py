@@ -78,6 +78,11 @@ LIFE_TIMEOUT_S = 600
 # How long each life takes to delete an old checkpoint (checkpoints.PRUNE_SECONDS_ENV):
 # a tiny run's step is gone in a millisecond, too quick for a kill to land in.
 PRUNE_SECONDS = 0.6
+# A phase marked by the log (set-up, first batches, compilation) is hit at an
+# instant in the first half of the reference's length of it: the length varies
+# with the machine's load (a compile 1.6x faster than the reference's was seen
+# on a busy 2-core host), and a later instant would land in the next phase.
+PHASE_SHARE = 0.5
 # A life whose signal targets compilation, and the reference that times that
 # phase, compile from nothing: with JAX's compilation cache warm (a restarted
 # run reads its steps from it) the phase lasts a fraction of a second, and the
@@ -392,7 +397,7 @@ def deliver(life: Life, target: str, sig: signal.Signals, reference: Reference,
   else:
     if target != "start-up":
       wait_until(reached, life, deadline)
-    delay = rng.uniform(0, reference.phase_seconds.get(target, 0.5))
+    delay = rng.uniform(0, PHASE_SHARE * reference.phase_seconds.get(target, 0.5))
   time.sleep(delay)
   if not life.alive():
     return None
