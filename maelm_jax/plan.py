@@ -348,8 +348,8 @@ def _stack_layers(model_cfg, site: str) -> int:
   return model_cfg.num_layers if site == "encoder" else model_cfg.decoder_layers
 
 
-def _lower_train_step(program: train_lib.Program):
-  """The train step lowered for the abstract state, batch and schedule."""
+def _lower_train_step(program):
+  """The train step of `program` (train_lib.Program) lowered for the abstract state, batch and schedule."""
   import jax  # pylint: disable=g-import-not-at-top
   knots = program.learning_rate_knots
   return program.train_step.lower(program.abstract_state, program.batch,
@@ -609,11 +609,10 @@ def knobs(config, result: dict) -> list[tuple[dict, float | None]]:
     shards = mesh["fsdp"] * mesh["tensor"]
     out.append((fsdp, rest - state + state * shards / chips + temporaries))
   model = config.get("model") if mode == "pretrain" else None
-  remat = model is not None and (model.get("remat", False)
-                                 or model.get("remat_policy", "none") == "full")
+  remat = model is not None and (model.remat or model.remat_policy == "full")
   if model is not None and not remat:
     out.append(({"model.remat_policy": "full"}, None))
-    if not model.get("scan_layers", False):
+    if not model.scan_layers:
       out.append(({"model.remat_policy": "full", "model.scan_layers": True}, None))
   per_row = temporaries / batch
   smaller = batch

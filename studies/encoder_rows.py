@@ -25,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.collect_rows import write_rows  # noqa: E402
+from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 from maelm_jax.finetune import glue_data  # noqa: E402
 from maelm_jax.modeling.model import SIZES  # noqa: E402
 
@@ -34,8 +35,7 @@ TASK_TITLES = {"sst2": "SST-2", "qnli": "QNLI-half", "cola": "CoLA MCC"}
 
 def encoder_row(name: str, workdir: str, blimp: dict, scores: dict,
                 run: str = "") -> dict:
-  with open(os.path.join(workdir, "config.json")) as f:
-    config = json.load(f)
+  config = workdir_lib.read_config(workdir)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     metrics = [json.loads(line) for line in f if line.strip()]
   evals = [m for m in metrics if "eval/mask_accuracy" in m]

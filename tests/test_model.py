@@ -3,9 +3,11 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
+from maelm_jax.core import config_defaults
 from maelm_jax.run import config_lib
 from maelm_jax.modeling import masking, model as model_lib, relative_position
 from tests import helpers
@@ -288,12 +290,13 @@ def test_activation_dropout_is_its_own_knob_and_off_by_default():
   assert changed.mean() > 0.1, changed.mean()
 
   # A config.json from before the knob: the FFN dropped out at `dropout`.
-  old = tiny_config("mlm", **{"model.dropout": 0.1})
-  with old.unlocked():
-    del old.model["activation_dropout"]
-  legacy = model_lib.ModelConfig.from_config(old.model, vocab_size=VOCAB, mask_id=4)
+  saved = tiny_config("mlm", **{"model.dropout": 0.1}).to_dict()
+  del saved["model"]["activation_dropout"]
+  # As every reader of a saved config gets it (core.workdir.read_config).
+  read_back = ml_collections.ConfigDict(config_defaults.complete(saved))
+  legacy = model_lib.ModelConfig.from_config(read_back.model, vocab_size=VOCAB,
+                                             mask_id=4)
   assert legacy.activation_dropout == 0.1
-  saved = old.to_dict()
   now = tiny_config("mlm", **{"model.dropout": 0.1}).to_dict()
   assert config_lib.config_differences(saved, now) == [
       "model.activation_dropout: 0.1 -> 0.0"]

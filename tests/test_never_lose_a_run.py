@@ -260,13 +260,15 @@ def test_the_workdir_reads_back_its_own_files(tmp_path):
   """workdir.py owns config.json and metrics.jsonl: readers skip a torn line,
   and a config write killed half-way leaves the previous config whole."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from maelm_jax.core import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from maelm_jax.core import config_defaults, workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   assert workdir_lib.read_config(str(tmp_path)) is None
   assert workdir_lib.read_metrics(str(tmp_path)) == []
   workdir_lib.write_config(ml_collections.ConfigDict({"mode": "glue", "seed": 1}),
                            str(tmp_path))
   (tmp_path / "config.json.tmp").write_text('{"mode": "pre')  # Killed mid-write.
-  assert workdir_lib.read_config(str(tmp_path)) == {"mode": "glue", "seed": 1}
+  # Read back whole, with the keys added since (config_defaults.complete).
+  assert workdir_lib.read_config(str(tmp_path)) == config_defaults.complete(
+      {"mode": "glue", "seed": 1})
   assert workdir_lib.saved_mode(str(tmp_path)) == "glue"
   (tmp_path / "metrics.jsonl").write_text(
       '{"step": 1, "eval/x": 1}\n{"step": 2}\n{"step": 3, "ev')

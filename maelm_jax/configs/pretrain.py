@@ -83,6 +83,9 @@ def get_config(arg=None):
   # learning_rate is the relative change per step (train_lib.scale_by_relative_size;
   # the fine-tuning configs' key of the same name).
   config.relative_updates = False
+  # Layer-wise learning-rate decay (the fine-tuning configs' knob; 1.0: off):
+  # each encoder layer at this times the rate of the one above.
+  config.layer_decay = 1.0
   config.grad_accum_steps = 1  # Microbatches per step: the same update in less memory.
   config.seed = 0  # Parameters, masks, dropout and data order.
   # Steps between log records (metrics.jsonl, TensorBoard, console).

@@ -31,7 +31,7 @@ import time
 
 from absl import logging
 
-from maelm_jax.core import storage
+from maelm_jax.core import config_defaults, storage
 
 LOCK_FILE = ".lock"
 # A bucket workdir's lease: renewed every third of it; a run whose holder went
@@ -54,12 +54,14 @@ def metrics_path(workdir: str) -> str:
 
 
 def read_config(workdir: str) -> dict | None:
-  """The run's saved config as a dict; None if the workdir has none."""
+  """The run's saved config as a dict, with the keys added since it was written
+  (`config_defaults.complete`); None if the workdir has none. Every reader of a
+  saved config reads it here."""
   path = config_path(workdir)
   if not os.path.exists(path):
     return None
   with open(path, encoding="utf-8") as f:
-    return json.load(f)
+    return config_defaults.complete(json.load(f))
 
 
 def write_config(config, workdir: str) -> None:

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.core import cli, config_defaults as defaults, storage
+from maelm_jax.core import cli, storage
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.data import pipeline, sources
@@ -233,7 +233,7 @@ def heldout_text(data, source: str = ""):
   return sources.open_source(source or data.source, sources.EVAL,
                              eval_fraction=data.eval_fraction, text_field=data.text_field,
                              tfds_data_dir=data.tfds_data_dir or None,
-                             on_bad_text=defaults.get(data, "on_bad_text", "data")).as_text()
+                             on_bad_text=data.on_bad_text).as_text()
 
 
 def analyze(workdirs, out: str, *, source: str = "", num_tokens: int = 4096,

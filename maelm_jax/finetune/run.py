@@ -46,8 +46,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from maelm_jax.core import config_defaults as defaults
-from maelm_jax.core import progress as progress_lib, sharding, storage, workdir as workdir_lib
+from maelm_jax.core import config_defaults, progress as progress_lib, sharding, storage
+from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.modeling import attention
 from maelm_jax.run import (checkpoints, compilation_cache, config_lib, metric_writers,
                            plots, run_session, train_lib)
@@ -82,13 +82,13 @@ def validate(config) -> None:
        "pretraining run (its config.json, tokenizer.model and checkpoints are used)")
   need(8 <= config.max_seq_len, f"max_seq_len={config.max_seq_len} must be >= 8")
   need(config.batch_size >= 1, f"batch_size={config.batch_size} must be >= 1")
-  need(defaults.get(config, "pooling") in heads.POOLINGS,
+  need(config.mode != "glue" or config.pooling in heads.POOLINGS,
        f"pooling={config.get('pooling')!r} must be one of {heads.POOLINGS}")
   need(config.eval_batch_size >= 1,
        f"eval_batch_size={config.eval_batch_size} must be >= 1")
   need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
-  need(0.0 < defaults.get(config, "layer_decay") <= 1.0,
+  need(0.0 < config.layer_decay <= 1.0,
        f"layer_decay={config.get('layer_decay')} must be in (0, 1]; 1.0 turns it "
        "off, 0.5-0.9 is usual")
   need(0.0 <= config.warmup_ratio < 1.0,
@@ -122,13 +122,11 @@ def check_fits_mesh(config, mesh) -> None:
 
 def check_pretrained(config) -> None:
   """The pretraining workdir exists and its model takes `max_seq_len` tokens."""
-  path = workdir_lib.config_path(config.init_from)
-  if not os.path.isfile(path):
+  saved = workdir_lib.read_config(config.init_from)
+  if saved is None:
     raise FileNotFoundError(
-        f"{path} not found: --config.init_from must be the --workdir of a maelm_jax "
-        "pretraining run")
-  with open(path) as f:
-    saved = json.load(f)
+        f"{workdir_lib.config_path(config.init_from)} not found: --config.init_from "
+        "must be the --workdir of a maelm_jax pretraining run")
   if saved.get("mode", "pretrain") != "pretrain" or "model" not in saved:
     raise ValueError(
         f"--config.init_from={config.init_from} is a fine-tuning run, not a "
@@ -217,8 +215,8 @@ def finetune_model_config(config, pretrained_cfg):
   return dataclasses.replace(
       pretrained_cfg, dropout=config.dropout,
       attention_dropout=config.attention_dropout,
-      activation_dropout=defaults.get(config, "activation_dropout"),
-      attention_impl=defaults.get(config, "attention_impl"),
+      activation_dropout=config.activation_dropout,
+      attention_impl=config.attention_impl,
       dtype=jnp.dtype(config.dtype) if config.dtype else pretrained_cfg.dtype)
 
 
@@ -230,8 +228,9 @@ def optimizer_config(config, total_steps: int) -> ml_collections.ConfigDict:
       end_learning_rate_ratio=config.end_learning_rate_ratio,
       weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
       adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps,
-      layer_decay=defaults.get(config, "layer_decay"),
-      relative_updates=defaults.get(config, "relative_updates")))
+      layer_decay=config.layer_decay,
+      relative_updates=config.relative_updates,
+      weight_decay_on="matrices", lr_schedule_segments=()))
 
 
 def finetune_program(config, problem, model_cfg, total_steps: int,
@@ -317,6 +316,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.mode not in ("glue", "squad"):
     raise ValueError(f"config.mode={config.mode!r}: fine-tuning runs 'glue' or "
                      "'squad' (configs/glue.py, configs/squad.py)")
+  # The keys a config file written before them lacks (config_defaults.complete).
+  config = ml_collections.ConfigDict(config_defaults.complete(config.to_dict()))
   validate(config)
   # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
   with workdir_lib.removed_if_start_fails(workdir), storage.mirrored(workdir) as workdir:
@@ -494,7 +495,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
   test_predictions = problem.predict_test(predict)  # Every process runs the model.
   if is_main:
     problem.write_predictions(workdir, evaluation, test_predictions)
-    if not defaults.get(config, "keep_final_checkpoint"):
+    if not config.keep_final_checkpoint:
       # Only needed to resume, and the run is done: at base size a fine-tune's
       # params + Adam state are ~1.3 GB, times every run of a sweep.
       storage.remove_tree(checkpoints.checkpoint_dir(workdir))

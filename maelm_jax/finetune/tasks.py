@@ -16,7 +16,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from maelm_jax.core import config_defaults as defaults
 from maelm_jax.finetune import glue_data, heads, metrics as metrics_lib
 from maelm_jax.finetune import squad_data, squad_metrics
 
@@ -88,7 +87,7 @@ class GlueProblem:
 
   def make_model(self, model_cfg, deterministic: bool) -> nn.Module:
     return heads.SequenceClassifier(model_cfg, self.task.num_outputs, deterministic,
-                                    defaults.get(self.config, "pooling"))
+                                    self.config.pooling)
 
   def loss(self, outputs, batch) -> jax.Array:
     if self.task.is_regression:

@@ -634,12 +634,10 @@ def export(workdir: str, out: str, *, step: int | None = None,
   # A bucket workdir is read from its mirror, its checkpoints in place (storage.py).
   workdir, out = storage.local(storage.absolute(workdir)), os.path.abspath(out)
   check_out_dir(out, overwrite)
-  config_path = workdir_lib.config_path(workdir)
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{config_path} not found: --workdir must be the "
-                            "--workdir of a maelm_jax pretraining run")
-  with open(config_path) as f:
-    run_config = json.load(f)
+  run_config = workdir_lib.read_config(workdir)
+  if run_config is None:
+    raise FileNotFoundError(f"{workdir_lib.config_path(workdir)} not found: --workdir "
+                            "must be the --workdir of a maelm_jax pretraining run")
   mode = run_config.get("mode", "pretrain")
   if mode != "pretrain" and with_lm_head:
     raise ValueError(f"--with_lm_head: {workdir} is a fine-tuned {mode} model, which "
@@ -656,7 +654,7 @@ def export(workdir: str, out: str, *, step: int | None = None,
   if mode != "pretrain":
     pretrained, task, head = load_finetuned(workdir, run_config, step)
     finetuned = (QA_CONFIG if task is None else
-                 classifier_config(task, run_config.get("pooling", "cls")))
+                 classifier_config(task, run_config["pooling"]))
   else:
     pretrained = pretrained_lib.load_pretrained(workdir, encoder_only=not with_lm_head,
                                              step=step, scan_layers=False)

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 
 from maelm_jax.modeling import attention, masking, param_layout
-from maelm_jax.core import config_defaults as defaults
 from maelm_jax.modeling import relative_position
 
 SIZES = {
@@ -111,7 +110,7 @@ class ModelConfig:
   # Dropout on the encoder's FFN hidden units, after GELU (fairseq's
   # --activation-dropout). 0, as in BERT, RoBERTa and MAE-LM: their FFN has no
   # dropout inside. Runs made before this knob existed used `dropout` there, and
-  # read back that way (`from_config`, config_defaults.ADDED_KEYS).
+  # read back that way (`core.config_defaults.ADDED_KEYS`).
   activation_dropout: float = 0.0
   dtype: Any = jnp.bfloat16
   attention_impl: str = "auto"
@@ -161,20 +160,20 @@ class ModelConfig:
         relative_position_bias=model_cfg.relative_position_bias,
         relative_buckets=model_cfg.relative_buckets,
         relative_max_distance=model_cfg.relative_max_distance,
-        relative_bucket_fn=defaults.get(model_cfg, "relative_bucket_fn", "model"),
-        untie_cls_position=defaults.get(model_cfg, "untie_cls_position", "model"),
-        relative_bias_init=defaults.get(model_cfg, "relative_bias_init", "model"),
-        zero_init_residual=defaults.get(model_cfg, "zero_init_residual", "model"),
-        mlp_activation=defaults.get(model_cfg, "mlp_activation", "model"),
-        normformer=defaults.get(model_cfg, "normformer", "model"),
+        relative_bucket_fn=model_cfg.relative_bucket_fn,
+        untie_cls_position=model_cfg.untie_cls_position,
+        relative_bias_init=model_cfg.relative_bias_init,
+        zero_init_residual=model_cfg.zero_init_residual,
+        mlp_activation=model_cfg.mlp_activation,
+        normformer=model_cfg.normformer,
         dropout=model_cfg.dropout,
         attention_dropout=model_cfg.attention_dropout,
-        activation_dropout=defaults.get(model_cfg, "activation_dropout", "model"),
+        activation_dropout=model_cfg.activation_dropout,
         dtype=jnp.dtype(model_cfg.dtype),
-        attention_impl=defaults.get(model_cfg, "attention_impl", "model"),
+        attention_impl=model_cfg.attention_impl,
         remat=model_cfg.remat,
-        remat_policy=defaults.get(model_cfg, "remat_policy", "model"),
-        scan_layers=defaults.get(model_cfg, "scan_layers", "model"),
+        remat_policy=model_cfg.remat_policy,
+        scan_layers=model_cfg.scan_layers,
         mask_ratio=model_cfg.mask_ratio,
         random_replace_prob=model_cfg.random_replace_prob,
         keep_prob=model_cfg.keep_prob,
@@ -182,11 +181,10 @@ class ModelConfig:
         decoder_type=model_cfg.decoder_type,
         decoder_layers=model_cfg.decoder_layers,
         decoder_dropout=model_cfg.decoder_dropout,
-        decoder_relative_position_bias=model_cfg.get(
-            "decoder_relative_position_bias", False),
-        tie_embeddings=defaults.get(model_cfg, "tie_embeddings", "model"),
+        decoder_relative_position_bias=model_cfg.decoder_relative_position_bias,
+        tie_embeddings=model_cfg.tie_embeddings,
         mask_id=mask_id,
-        layer_norm_eps=defaults.get(model_cfg, "layer_norm_eps", "model"),
+        layer_norm_eps=model_cfg.layer_norm_eps,
     )
 
   def mask_counts(self, seq_len: int) -> masking.MaskCounts:

@@ -24,7 +24,6 @@ from absl import logging
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-from maelm_jax.core import config_defaults as defaults
 
 AUTO = "auto"
 
@@ -44,7 +43,7 @@ def directory(setting: str) -> str | None:
 def configure(config) -> str | None:
   """Points JAX's persistent cache at the config's directory (or turns it off)
   before the run compiles anything; returns the directory."""
-  path = directory(defaults.get(config, "compilation_cache_dir"))
+  path = directory(config.compilation_cache_dir)
   if path is None:
     if jax.config.jax_compilation_cache_dir:
       _point_at(None)

@@ -17,7 +17,6 @@ from maelm_jax.modeling import attention, model as model_lib
 from maelm_jax.core import config_defaults as defaults
 from maelm_jax.modeling import relative_position
 from maelm_jax.run import wandb_writer
-from maelm_jax.core.config_defaults import ADDED_KEYS, SameAs  # noqa: F401 (re-exported)
 
 
 def load_config_module(path: str):
@@ -38,12 +37,11 @@ def dropout_and_kernel_errors(c: ml_collections.ConfigDict,
   errors = []
   if not (0.0 <= c.dropout < 1.0 and 0.0 <= c.attention_dropout < 1.0):
     errors.append(f"{prefix}dropout and {prefix}attention_dropout must be in [0, 1)")
-  within = prefix.rstrip(".")
-  activation = defaults.get(c, "activation_dropout", within)
+  activation = c.activation_dropout
   if not 0.0 <= activation < 1.0:
     errors.append(f"{prefix}activation_dropout={activation} must be in [0, 1)")
   return errors + attention.config_errors(
-      defaults.get(c, "attention_impl", within), dtype=c.dtype,
+      c.attention_impl, dtype=c.dtype,
       attention_dropout=c.attention_dropout, key=f"{prefix}attention_impl")
 
 
@@ -128,7 +126,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   switches every objective default with it, while an explicit
   `--config.model.mask_ratio=0.3` still wins.
   """
-  config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy.
+  # An unlocked copy, with the keys a config file written before them lacks.
+  config = ml_collections.ConfigDict(defaults.complete(config.to_dict()))
   m = config.model
   if m.objective not in model_lib.OBJECTIVES:
     raise ValueError(f"model.objective={m.objective!r} is unknown; use one of "
@@ -141,16 +140,16 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       m[key] = value
   if m.get("decoder_layers") is None:
     m.decoder_layers = 0 if m.decoder_type == "none" else model_lib.SIZES[m.size][4]
-  if defaults.get(config, "total_flops") > 0:
+  if config.total_flops > 0:
     config.total_steps = steps_for_flops(config)
-  if defaults.get(config, "warmup_ratio") > 0:
+  if config.warmup_ratio > 0:
     config.warmup_steps = round(config.warmup_ratio * config.total_steps)
   return config
 
 
 def profile_steps(config) -> tuple[int, int] | None:
   """config.profile_steps "A,B" as (A, B): trace steps A..B-1; None for ""."""
-  text = str(defaults.get(config, "profile_steps")).strip()
+  text = str(config.profile_steps).strip()
   if not text:
     return None
   try:
@@ -178,7 +177,7 @@ def max_runtime_problem(config) -> str | None:
 def max_runtime_seconds(config) -> float | None:
   """config.max_runtime ("90s", "9m", "1h30m", or a number of seconds) in
   seconds; None for "" (no limit)."""
-  text = str(defaults.get(config, "max_runtime")).strip().lower()
+  text = str(config.max_runtime).strip().lower()
   if not text:
     return None
   if re.fullmatch(r"\d+(?:\.\d+)?", text):
@@ -203,8 +202,8 @@ def mask_ratios(config: ml_collections.ConfigDict) -> tuple[float, ...]:
   shares of the run: GPT-BERT's and LTG-BERT's decaying masking rate, in steps,
   because each rate is its own static mask count and so its own compilation.
   """
-  start = defaults.get(config, "model.mask_ratio_start")
-  stages = defaults.get(config, "model.mask_ratio_stages")
+  start = config.model.mask_ratio_start
+  stages = config.model.mask_ratio_stages
   end = config.model.mask_ratio
   if not start or not 0 < start < 1 or not isinstance(stages, int) or stages < 2:
     return (end,)  # A constant rate (or a schedule `validate` refuses).
@@ -285,8 +284,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   need(0.0 < m.mask_ratio < 1.0,
        f"model.mask_ratio={m.mask_ratio} must be in (0, 1), e.g. 0.15 (MLM/MAE-LM) "
        "or 0.5 (3ML)")
-  start = defaults.get(config, "model.mask_ratio_start")
-  stages = defaults.get(config, "model.mask_ratio_stages")
+  start = config.model.mask_ratio_start
+  stages = config.model.mask_ratio_stages
   need(start == 0.0 or (0.0 < start < 1.0 and start != m.mask_ratio),
        f"model.mask_ratio_start={start} must be 0 (a constant rate) or in (0, 1) "
        f"and not model.mask_ratio={m.mask_ratio} (where the rate ends), e.g. 0.3")
@@ -324,17 +323,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
   for problem in dropout_and_kernel_errors(m, "model."):
     need(False, problem)
-  need(defaults.get(config, "model.relative_bias_init") in relative_position.RELATIVE_BIAS_INITS,
+  need(config.model.relative_bias_init in relative_position.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
        f"{relative_position.RELATIVE_BIAS_INITS}")
-  need(defaults.get(config, "data.rows") in ("packed", "complete_doc"),
+  need(config.data.rows in ("packed", "complete_doc"),
        f"data.rows={config.data.get('rows')!r} must be 'packed' or 'complete_doc'")
-  need(defaults.get(config, "weight_decay_on") in ("matrices", "all"),
+  need(config.weight_decay_on in ("matrices", "all"),
        f"weight_decay_on={config.get('weight_decay_on')!r} must be 'matrices' or 'all'")
-  need(defaults.get(config, "model.relative_bucket_fn") in relative_position.BUCKET_FNS,
+  need(config.model.relative_bucket_fn in relative_position.BUCKET_FNS,
        f"model.relative_bucket_fn={m.get('relative_bucket_fn')!r} must be one of "
        f"{relative_position.BUCKET_FNS}")
-  policy = defaults.get(config, "model.remat_policy")
+  policy = config.model.remat_policy
   need(policy in model_lib.REMAT_POLICIES,
        f"model.remat_policy={policy!r} must be one of {tuple(model_lib.REMAT_POLICIES)}")
   need(not m.remat or policy in ("none", "full"),
@@ -342,10 +341,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
        "set only model.remat_policy")
   need(m.ln_type in model_lib.LN_TYPES,
        f"model.ln_type={m.ln_type!r} must be one of {model_lib.LN_TYPES}")
-  need(defaults.get(config, "model.mlp_activation") in model_lib.MLP_ACTIVATIONS,
+  need(config.model.mlp_activation in model_lib.MLP_ACTIVATIONS,
        f"model.mlp_activation={m.get('mlp_activation')!r} must be one of "
        f"{model_lib.MLP_ACTIVATIONS}")
-  need(defaults.get(config, "model.normformer") in (True, False),
+  need(config.model.normformer in (True, False),
        f"model.normformer={m.get('normformer')!r} must be True or False")
   need(m.dtype in ("bfloat16", "float32"),
        f"model.dtype={m.dtype!r} must be 'bfloat16' or 'float32'")
@@ -363,11 +362,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(str(error)) from None
   need(max_runtime_problem(config) is None, max_runtime_problem(config))
   need(wandb_writer.problem(config) is None, wandb_writer.problem(config))
-  need(defaults.get(config, "total_flops") >= 0,
+  need(config.total_flops >= 0,
        f"total_flops={config.get('total_flops')} must be >= 0 (0: use total_steps)")
   need(config.warmup_steps >= 0,
        f"warmup_steps={config.warmup_steps} must be >= 0")
-  need(0.0 <= defaults.get(config, "warmup_ratio") < 1.0,
+  need(0.0 <= config.warmup_ratio < 1.0,
        f"warmup_ratio={config.get('warmup_ratio')} must be in [0, 1) (0: use "
        "warmup_steps)")
   need(config.learning_rate > 0, f"learning_rate={config.learning_rate} must be > 0")
@@ -415,16 +414,6 @@ def _flatten(d, prefix=""):
   return out
 
 
-def with_added_keys(saved: dict, current: dict) -> dict:
-  """Flat `saved` with every ADDED_KEYS key that `current` has and `saved`
-  lacks, at the value that does what the saved run did."""
-  added = {}
-  for key, value in ADDED_KEYS.items():
-    if key in current and key not in saved:
-      added[key] = saved.get(value) if isinstance(value, SameAs) else value
-  return {**added, **saved}
-
-
 # A fine-tuning run is fixed by everything, init_from included; only where it
 # runs may change.
 FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
@@ -437,8 +426,8 @@ FINETUNE_RESUMABLE_CHANGES = frozenset({"mesh_shape", "allow_config_change",
 def config_differences(saved: dict, current: dict,
                        resumable=RESUMABLE_CHANGES) -> list[str]:
   """Keys (other than `resumable`) whose values differ, as 'key: a -> b'."""
-  saved, current = _flatten(saved), _flatten(current)
-  saved = with_added_keys(saved, current)
+  saved = _flatten(defaults.complete(saved))
+  current = _flatten(defaults.complete(current))
   return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
           for key in sorted(set(saved) | set(current))
           if key not in resumable
@@ -449,8 +438,8 @@ def resume_flags(saved: dict, current: dict,
                  resumable=RESUMABLE_CHANGES) -> list[str]:
   """`--config.KEY=VALUE` for every differing key with a scalar saved value: the
   flags that make `current` the saved run's config again."""
-  saved, current = _flatten(saved), _flatten(current)
-  saved = with_added_keys(saved, current)
+  saved = _flatten(defaults.complete(saved))
+  current = _flatten(defaults.complete(current))
   flags = []
   for key in sorted(set(saved) & set(current)):
     value = saved[key]

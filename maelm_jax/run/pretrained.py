@@ -6,7 +6,6 @@ run's own checkpoints are `checkpoints.py`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -127,12 +126,12 @@ def load_pretrained(workdir: str, *, encoder_only: bool = True,
   whichever the run saved (None: as saved). Without `read_params`, `params` is
   None and `step` the checkpoint they would come from (`read_pretrained_params`).
   """
-  config_path = workdir_lib.config_path(workdir)
-  if not os.path.exists(config_path):
-    raise FileNotFoundError(f"{config_path} not found: --config.init_from must be "
-                            "the --workdir of a maelm_jax pretraining run")
-  with open(config_path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  saved = workdir_lib.read_config(workdir)
+  if saved is None:
+    raise FileNotFoundError(f"{workdir_lib.config_path(workdir)} not found: "
+                            "--config.init_from must be the --workdir of a maelm_jax "
+                            "pretraining run")
+  config = ml_collections.ConfigDict(saved)
   tokenizer = tokenizer_lib.open_tokenizer(tokenizer_lib.workdir_tokenizer_path(workdir))
   model_cfg = model_lib.ModelConfig.from_config(config.model, tokenizer.vocab_size,
                                                 tokenizer.mask_id)

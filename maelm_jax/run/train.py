@@ -23,7 +23,6 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from maelm_jax.core import config_defaults as defaults
 from maelm_jax.core import progress as progress_lib, sharding, storage, workdir as workdir_lib
 from maelm_jax.data import corpus_report, pipeline, sources
 from maelm_jax.modeling import flops, model as model_lib
@@ -70,7 +69,7 @@ def pretraining_model_config(config, vocab_size: int, mask_id: int):
   (`data.rows=complete_doc`) mask a share of their own tokens (masking.py)."""
   return dataclasses.replace(
       model_lib.ModelConfig.from_config(config.model, vocab_size, mask_id),
-      mask_per_row=defaults.get(config, "data.rows") == "complete_doc")
+      mask_per_row=config.data.rows == "complete_doc")
 
 
 def last_logged_metrics(workdir: str, step: int) -> dict:
@@ -242,7 +241,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config_lib.validate(config)
   # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
   with workdir_lib.removed_if_start_fails(workdir), storage.mirrored(workdir) as workdir:
-    if defaults.get(config, "dry_run"):
+    if config.dry_run:
       lines = describe_launch(config, workdir)
       if jax.process_index() == 0:
         print("\n".join(lines), flush=True)
@@ -285,7 +284,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   source_kwargs = dict(eval_fraction=config.data.eval_fraction,
                        text_field=config.data.text_field,
                        tfds_data_dir=config.data.tfds_data_dir or None,
-                       on_bad_text=defaults.get(config, "data.on_bad_text"))
+                       on_bad_text=config.data.on_bad_text)
   train_source = sources.open_source(config.data.source, "train", **source_kwargs)
   eval_source = sources.open_source(config.data.source, "eval", **source_kwargs)
   tokenizer = run_tokenizer.load_run_tokenizer(
@@ -335,7 +334,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   manager = checkpoints.make_manager(workdir, config)
   with run_session.closed_on_error(manager):  # Until the session owns it.
     state, restored_step = checkpoints.restore_latest_good(
-        manager, abstract_state, train_iter, start_over=defaults.get(config, "start_over"))
+        manager, abstract_state, train_iter, start_over=config.start_over)
     if state is not None:
       logging.info("resumed from %s at step %d", manager.directory, restored_step)
     else:

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from maelm_jax.modeling import attention, masking, param_layout
-from maelm_jax.core import config_defaults as defaults, sharding
+from maelm_jax.core import sharding
 from maelm_jax.run import config_lib
 from maelm_jax.modeling.model import MaskedLM, ModelConfig, masked_lm_loss
 
@@ -54,7 +54,7 @@ def learning_rate_knots(config) -> np.ndarray:
   """
   peak = config.learning_rate
   end = peak * config.end_learning_rate_ratio
-  segments = [tuple(s) for s in defaults.get(config, "lr_schedule_segments")]
+  segments = [tuple(s) for s in config.lr_schedule_segments]
   first_total = segments[0][1] if segments else config.total_steps
   warmup_steps = min(config.warmup_steps, first_total)
   knots = [(0, 0.0), (warmup_steps, peak)] if warmup_steps > 0 else [(0, peak)]
@@ -114,7 +114,7 @@ def continued_schedule(config, saved: dict | None, resume_step: int | None):
   last schedule had got to); `[resume_step, total_steps]` is added."""
   if not saved or resume_step is None:
     return config, None
-  segments = tuple(tuple(s) for s in saved.get("lr_schedule_segments") or ())
+  segments = tuple(tuple(s) for s in saved["lr_schedule_segments"])
   saved_total = segments[-1][1] if segments else saved["total_steps"]
   config.lr_schedule_segments = segments
   if config.total_steps == saved_total or resume_step >= config.total_steps:
@@ -146,7 +146,7 @@ def weight_decay_mask(params):
 def _decay_mask(config):
   """config.weight_decay_on: 'matrices' (weight_decay_mask, BERT's rule) or 'all'
   (every parameter, as the MAE-LM release's fairseq AdamW does)."""
-  return None if defaults.get(config, "weight_decay_on") == "all" else weight_decay_mask
+  return None if config.weight_decay_on == "all" else weight_decay_mask
 
 
 def _dict_keys(path) -> tuple[str, ...]:
@@ -255,9 +255,9 @@ def make_optimizer(config) -> optax.GradientTransformationExtraArgs:
   `learning_rate_knots`. Its update takes `learning_rate_knots=` (the train
   step's input); without, it follows the config's own schedule. The state is
   optax.adamw's with a schedule."""
-  layer_decay = defaults.get(config, "layer_decay")
+  layer_decay = config.layer_decay
   rate = scale_by_scheduled_rate(learning_rate_knots(config))
-  if defaults.get(config, "relative_updates"):
+  if config.relative_updates:
     # AdamW's direction (decay included), each tensor's step rescaled to its
     # norm, times the schedule: LAMB.
     return optax.chain(

@@ -21,13 +21,12 @@ import uuid
 
 from absl import logging
 
-from maelm_jax.core import config_defaults as defaults
 
 RUN_ID_FILE = "wandb_run_id"
 
 
 def project(config) -> str:
-  return str(defaults.get(config, "wandb_project")).strip()
+  return str(config.wandb_project).strip()
 
 
 def problem(config) -> str | None:
@@ -54,7 +53,7 @@ class WandbWriter:
       run_id = uuid.uuid4().hex[:12]
       with open(id_path, "w", encoding="utf-8") as f:
         f.write(run_id + "\n")
-    entity = str(defaults.get(config, "wandb_entity")).strip() or None
+    entity = str(config.wandb_entity).strip() or None
     self.run = wandb.init(
         project=project(config), entity=entity, id=run_id, resume="allow",
         name=os.path.basename(os.path.normpath(workdir)), dir=workdir,
