@@ -1,5 +1,6 @@
 """Sharded training: same numbers on any mesh, accumulation, optimizer details."""
 
+import dataclasses
 import json
 import flax.linen as nn
 import jax
@@ -57,6 +58,19 @@ def test_gradient_accumulation_gives_the_same_update():
   np.testing.assert_allclose(plain, accum, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(state_a.params), jax.tree.leaves(state_b.params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_pretraining_config_holds_every_optimizer_setting():
+  """A pretraining config is passed to the optimizer as it is: it has each key
+  of OptimizerConfig, and the two give one schedule and one optimizer state."""
+  config = tiny_config(learning_rate=1e-3, warmup_steps=3, total_steps=30)
+  names = [f.name for f in dataclasses.fields(train_lib.OptimizerConfig)]
+  settings = train_lib.OptimizerConfig(**{name: config[name] for name in names})
+  np.testing.assert_array_equal(train_lib.learning_rate_knots(settings),
+                                train_lib.learning_rate_knots(config))
+  params = {"w": np.ones((4, 4), np.float32)}
+  assert (jax.tree.structure(train_lib.make_optimizer(settings).init(params))
+          == jax.tree.structure(train_lib.make_optimizer(config).init(params)))
 
 
 def test_learning_rate_warmup_then_linear_decay():

@@ -220,17 +220,17 @@ def finetune_model_config(config, pretrained_cfg):
       dtype=jnp.dtype(config.dtype) if config.dtype else pretrained_cfg.dtype)
 
 
-def optimizer_config(config, total_steps: int) -> ml_collections.ConfigDict:
-  """The keys `train_lib.make_optimizer` reads, from a fine-tuning config."""
-  return ml_collections.ConfigDict(dict(
+def optimizer_config(config, total_steps: int) -> train_lib.OptimizerConfig:
+  """The optimizer and schedule of a fine-tuning config over `total_steps`: its
+  warm-up a share of them, BERT's decay rule, one schedule (never resumed longer)."""
+  return train_lib.OptimizerConfig(
       learning_rate=config.learning_rate, total_steps=total_steps,
       warmup_steps=round(config.warmup_ratio * total_steps),
-      end_learning_rate_ratio=config.end_learning_rate_ratio,
-      weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm,
+      end_learning_rate_ratio=config.end_learning_rate_ratio, lr_schedule_segments=(),
+      weight_decay=config.weight_decay, weight_decay_on="matrices",
+      grad_clip_norm=config.grad_clip_norm,
       adam_b1=config.adam_b1, adam_b2=config.adam_b2, adam_eps=config.adam_eps,
-      layer_decay=config.layer_decay,
-      relative_updates=config.relative_updates,
-      weight_decay_on="matrices", lr_schedule_segments=()))
+      layer_decay=config.layer_decay, relative_updates=config.relative_updates)
 
 
 def finetune_program(config, problem, model_cfg, total_steps: int,

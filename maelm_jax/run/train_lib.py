@@ -35,6 +35,27 @@ class TrainState(flax.struct.PyTreeNode):
   last_nonfinite_step: jax.Array  # 1-based step number, 0 if none.
 
 
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """What the optimizer and its schedule read (`make_optimizer`,
+  `learning_rate_knots`): a pretraining config holds these keys under these
+  names and is passed as it is; fine-tuning states them from its own config
+  (`finetune.run.optimizer_config`)."""
+  learning_rate: float  # The peak; with relative_updates, the relative change.
+  total_steps: int
+  warmup_steps: int
+  end_learning_rate_ratio: float
+  lr_schedule_segments: tuple  # Resumed runs' schedule (continued_schedule).
+  weight_decay: float
+  weight_decay_on: str  # "matrices" or "all".
+  grad_clip_norm: float
+  adam_b1: float
+  adam_b2: float
+  adam_eps: float
+  layer_decay: float  # 1.0: off.
+  relative_updates: bool
+
+
 def learning_rate_knots(config) -> np.ndarray:
   """The learning-rate schedule as float32 [K, 2] corners (update count, rate):
   linear between them, flat after the last.
@@ -252,7 +273,8 @@ def scale_by_relative_size() -> optax.GradientTransformation:
 
 def make_optimizer(config) -> optax.GradientTransformationExtraArgs:
   """AdamW (or, with relative_updates, LAMB) with clipping and the schedule of
-  `learning_rate_knots`. Its update takes `learning_rate_knots=` (the train
+  `learning_rate_knots`, as `config` (an OptimizerConfig, or a pretraining
+  config, which holds its keys) says. Its update takes `learning_rate_knots=` (the train
   step's input); without, it follows the config's own schedule. The state is
   optax.adamw's with a schedule."""
   layer_decay = config.layer_decay
