@@ -204,3 +204,23 @@ def test_only_a_closed_event_loops_callback_error_is_kept_quiet():
   assert cli._closed_loop_noise(kind, error, trace.tb_next)  # pylint: disable=protected-access
   assert not cli._closed_loop_noise(*elsewhere)  # pylint: disable=protected-access
   assert not cli._closed_loop_noise(ValueError, ValueError("x"), None)  # pylint: disable=protected-access
+
+
+def test_a_slot_refuses_bad_flags_and_a_refused_run_packs_nothing(tmp_path):
+  """launch/slot.sh: a wrong flag or a missing --parts is one line and exit 2; a
+  run refused before it wrote anything (an unknown config key) leaves no workdir
+  and no parts, and its status is the slot's."""
+  def slot(*args):
+    return subprocess.run(["bash", "launch/slot.sh", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+  for args in (["--workdir=w", "--parts=p", "--bogus"], ["--workdir=w"]):
+    done = slot(*args)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done
+    assert done.stderr.startswith("slot.sh:"), done.stderr
+  workdir, parts = tmp_path / "run", tmp_path / "parts"
+  done = slot(f"--workdir={workdir}", f"--parts={parts}", f"--python={sys.executable}",
+              "--", "--config=configs/pretrain.py", "--config.model.no_such_key=1")
+  assert done.returncode == 2 and "no_such_key" in done.stderr, done.stderr[-2000:]
+  assert "slot.sh" not in done.stderr  # The run's own one line, not the slot's.
+  assert not workdir.exists() and os.listdir(parts) == []

@@ -136,13 +136,13 @@ def test_sigterm_saves_at_the_next_step_and_exits_0(tmp_path, tokenizer_file,
 
 
 def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file):
-  """A run grown across time-limited GPU slots (studies/gpu_grow.sh): stopped by
-  SIGTERM on one machine, it goes on on another that kept none of its files. Its
-  workdir travels as tar parts; its token ids are prepared again from the same
-  text into the same path. Unpacked there and resumed, it logs the uninterrupted
-  run's losses."""
+  """A run grown across time-limited slots (launch/slot.sh): stopped by its
+  --max_runtime on one machine, it goes on on another that kept none of its
+  files. Its workdir travels as tar parts; its token ids are prepared again from
+  the same text into the same path. Unpacked there and resumed, it logs the
+  uninterrupted run's losses, though the first machine died while swapping in
+  its parts."""
   import lzma
-  import tarfile
   from maelm_jax.data import prepare_data, sources
   texts = tmp_path / "text"
   texts.mkdir()
@@ -160,27 +160,36 @@ def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file
   extra = (f"--config.data.source=arrayrecord:{ids}",)
   run(tmp_path / "reference", tokenizer_file, *extra)
   reference_steps, reference_losses = losses(tmp_path / "reference")
-  workdir = tmp_path / "run"
-  returncode, _ = interrupt(workdir, tokenizer_file, signal.SIGTERM, *extra)
-  assert returncode == 0 and steps_logged(workdir) < TOTAL_STEPS
-  packed = tmp_path / "workdir.tar"
-  with tarfile.open(packed, "w") as tar:
-    tar.add(workdir, arcname=".")
-  data = packed.read_bytes()
-  parts = [data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
-  assert len(parts) > 1  # Travels as several files, as 16 MiB parts do.
+  workdir, parts = tmp_path / "run", tmp_path / "drive"
+
+  def slot(max_runtime):
+    out = subprocess.run(
+        ["bash", "launch/slot.sh", f"--workdir={workdir}", f"--parts={parts}",
+         "--part_size=1M", f"--max_runtime={max_runtime}", f"--python={sys.executable}",
+         "--", *command(workdir, tokenizer_file, *extra)[4:]],
+        cwd=REPO, env=dict(os.environ, JAX_NUM_CPU_DEVICES="8",
+                           XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out.stderr
+
+  stderr = slot("2s")
+  assert "max_runtime reached" in stderr and steps_logged(workdir) < TOTAL_STEPS
+  packed = sorted(p.name for p in (parts / "parts").iterdir())
+  assert packed[0] == "COMPLETE" and len(packed) > 2  # Several 1 MB files.
+  # The machine died between the swap's two renames: the new set waits beside.
+  (parts / "parts").rename(parts / "parts.new")
+  (parts / "parts.old").mkdir()
+  (parts / "parts.old" / "workdir.tar.part-000").write_bytes(b"an older slot's")
   shutil.rmtree(workdir)  # The other machine has nothing of the run...
   shutil.rmtree(ids)
   prepare()  # ...and prepares the same token ids from the same text.
-  packed.write_bytes(b"".join(parts))
-  workdir.mkdir()
-  with tarfile.open(packed) as tar:
-    tar.extractall(workdir, filter="data")
-  out = run(workdir, tokenizer_file, *extra)
-  assert "resumed from" in out.stderr
+  stderr = slot("")
+  assert "unpacked" in stderr and "resumed from" in stderr
   steps, values = losses(workdir)
   assert steps == reference_steps == list(range(1, TOTAL_STEPS + 1))
   np.testing.assert_allclose(values, reference_losses, rtol=1e-6, atol=1e-6)
+  assert sorted(os.listdir(parts)) == ["parts"]  # Swapped, the older set gone.
 
 
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path,
