@@ -26,9 +26,10 @@ PLANS = {
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory):
+def harness(tmp_path_factory, tokenizer_file):
   out = tmp_path_factory.mktemp("chaos") / "out"
-  summaries = chaos.chaos(str(out), runs=("pretrain", "glue"), steps=18, plans=PLANS)
+  summaries = chaos.chaos(str(out), runs=("pretrain", "glue"), steps=18, plans=PLANS,
+                          tokenizer=tokenizer_file)
   return out, {s["run"]: s for s in summaries}
 
 

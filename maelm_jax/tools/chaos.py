@@ -627,8 +627,10 @@ def table(summary: dict[str, Any]) -> str:
 def chaos(out: str, runs: tuple[str, ...] = ("pretrain", "glue"), kills: int = 10,
           seed: int = 0, devices: int = 2, steps: int | None = None,
           plans: dict[str, list[tuple[str, str]]] | None = None,
-          say=print) -> list[dict[str, Any]]:
-  """Runs the harness into `out` (new or empty); returns one summary per run."""
+          say=print, tokenizer: str = "") -> list[dict[str, Any]]:
+  """Runs the harness into `out` (new or empty); returns one summary per run.
+  `tokenizer`: a 600-piece SentencePiece model of the `pydoc:` corpus to use
+  (default: one trained into `out`)."""
   from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   if os.path.exists(out) and os.listdir(out):
     raise FileExistsError(f"--out={out} is not empty; give a new directory (the "
@@ -636,15 +638,17 @@ def chaos(out: str, runs: tuple[str, ...] = ("pretrain", "glue"), kills: int = 1
   os.makedirs(out, exist_ok=True)
   rng = np.random.default_rng(seed)
   plans = plans or {}
-  tokenizer = os.path.join(out, "tokenizer", "sp")
-  os.makedirs(os.path.dirname(tokenizer))
-  tokenizer_lib.train_tokenizer(
-      pipeline.training_texts(sources.open_source("pydoc:", "train")), tokenizer,
-      vocab_size=600)
+  if not tokenizer:
+    prefix = os.path.join(out, "tokenizer", "sp")
+    os.makedirs(os.path.dirname(prefix))
+    tokenizer_lib.train_tokenizer(
+        pipeline.training_texts(sources.open_source("pydoc:", "train")), prefix,
+        vocab_size=600)
+    tokenizer = prefix + ".model"
   n_kills = {mode: len(plans[mode]) if mode in plans else kills for mode in runs}
   pretrain_steps = steps or 3 * n_kills.get("pretrain", kills) + 30
   commands = {
-      "pretrain": lambda w: pretrain_command(w, tokenizer + ".model", pretrain_steps),
+      "pretrain": lambda w: pretrain_command(w, tokenizer, pretrain_steps),
       "glue": lambda w: glue_command(w, os.path.join(out, "pretrain", "reference"),
                                      out, max(3, (n_kills["glue"] + 3) // 3))}
   summaries = []
