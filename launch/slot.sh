@@ -6,17 +6,18 @@
 #   bash launch/slot.sh --workdir=runs/grow --parts=/mnt/drive/grow --max_runtime=9m \
 #     -- --config=configs/pretrain.py:objective=maelm,size=small --config.total_flops=2e18
 #
-#   1. --workdir missing and --parts holding a slot's parts: unpacks them there
-#      (the run's config, tokenizer and newest checkpoints, the data iterator's
-#      position included);
+#   1. unpacks --parts' newest complete set into --workdir (the run's config,
+#      tokenizer and newest checkpoints, the data iterator's position included),
+#      unless the workdir here is that set's slot already (a serial in both); a
+#      workdir of an older slot, or half unpacked, is moved aside, never deleted;
 #   2. runs `python -m maelm_jax.main --workdir=... --config.max_runtime=...` with
 #      the arguments after `--`: it trains until the limit, saves and exits 0, or
 #      finishes (docs/long-runs-and-faults.md);
 #   3. packs the workdir into --parts/parts/ as workdir.tar.part-NNN of
 #      --part_size bytes (split's sizes: 15M, 1G). The new parts are written to
 #      parts.new/, marked COMPLETE, then swapped in by renames: a machine that dies
-#      while packing or swapping leaves a complete set (the next slot finishes a
-#      swap cut short, then reads parts/, else parts.old/), never a half.
+#      while packing or swapping leaves a complete set (a COMPLETE parts.new/ is
+#      the newest, and the next slot swaps it in first), never a half.
 # The next slot, on this machine or another, is the same command. Leave the save
 # and the packing inside the machine's own limit (--max_runtime below it).
 # Flags: --workdir, --parts (required); --max_runtime ("" none; default 9m);
@@ -43,36 +44,48 @@ if [ -z "$WORKDIR" ] || [ -z "$PARTS" ]; then
   exit 2
 fi
 mkdir -p "$PARTS" || exit 2
-# A swap that a dying machine cut short: finish it.
-if [ ! -d "$PARTS/parts" ] && [ -f "$PARTS/parts.new/COMPLETE" ]; then
-  mv "$PARTS/parts.new" "$PARTS/parts" || exit 1
+fail() { echo "slot.sh: $*" >&2; exit 1; }
+# A set marked COMPLETE in parts.new/ is always the newest: a machine died before
+# or during its swap. Finish the swap.
+if [ -f "$PARTS/parts.new/COMPLETE" ]; then
+  rm -rf "$PARTS/parts.old" && { [ ! -d "$PARTS/parts" ] || mv "$PARTS/parts" "$PARTS/parts.old"; } &&
+    mv "$PARTS/parts.new" "$PARTS/parts" && rm -rf "$PARTS/parts.old" ||
+    fail "cannot swap in $PARTS/parts.new; nothing was run"
 fi
+SET="$PARTS/parts"; [ -f "$SET/COMPLETE" ] || SET="$PARTS/parts.old"
+SERIAL=0; [ -f "$SET/COMPLETE" ] && SERIAL=$(cat "$SET/SERIAL" 2>/dev/null || echo 0)
 
-if [ ! -e "$WORKDIR" ]; then
-  for SET in parts parts.old; do
-    [ -f "$PARTS/$SET/COMPLETE" ] || continue
-    mkdir -p "$WORKDIR" && cat "$PARTS/$SET"/workdir.tar.part-* | tar -C "$WORKDIR" -xf - || {
-      echo "slot.sh: the parts in $PARTS/$SET do not unpack; nothing was run" >&2
-      rm -rf "$WORKDIR"; exit 1; }
-    echo "slot.sh: unpacked $(ls "$PARTS/$SET"/workdir.tar.part-* | wc -l) parts of" \
-         "$PARTS/$SET into $WORKDIR" >&2
-    break
-  done
+# The parts are unpacked unless this machine's workdir is the slot they hold (the
+# same serial): a workdir left by an older slot on this disk, or half unpacked, is
+# moved aside (never deleted) and the parts win.
+if [ -f "$SET/COMPLETE" ] && [ "$(cat "$WORKDIR/.slot" 2>/dev/null)" != "$SERIAL" ]; then
+  if [ -e "$WORKDIR" ]; then
+    mv "$WORKDIR" "$WORKDIR.before-slot-$SERIAL.$$" || fail "cannot move $WORKDIR aside"
+    echo "slot.sh: $WORKDIR was not slot $SERIAL's; moved to $WORKDIR.before-slot-$SERIAL.$$" >&2
+  fi
+  rm -rf "$WORKDIR.unpacking" && mkdir -p "$WORKDIR.unpacking" &&
+    cat "$SET"/workdir.tar.part-* | tar -C "$WORKDIR.unpacking" -xf - &&
+    mv "$WORKDIR.unpacking" "$WORKDIR" ||
+    { rm -rf "$WORKDIR.unpacking"; fail "the parts in $SET do not unpack; nothing was run"; }
+  echo "slot.sh: unpacked slot $SERIAL ($(ls "$SET"/workdir.tar.part-* | wc -l) parts of" \
+       "$SET) into $WORKDIR" >&2
 fi
 
 "$PYTHON" -m maelm_jax.main --workdir="$WORKDIR" "$@" --config.max_runtime="$MAX_RUNTIME"
 STATUS=$?
 [ -d "$WORKDIR" ] || exit $STATUS  # Refused before it wrote anything.
 
-rm -rf "$PARTS/parts.new" && mkdir -p "$PARTS/parts.new" &&
+SERIAL=$((SERIAL + 1))
+echo $SERIAL > "$WORKDIR/.slot" &&
+  rm -rf "$PARTS/parts.new" && mkdir -p "$PARTS/parts.new" &&
   tar -C "$WORKDIR" --exclude=./.lock -cf - . |
   split -b "$PART_SIZE" -d -a 3 - "$PARTS/parts.new/workdir.tar.part-" &&
-  touch "$PARTS/parts.new/COMPLETE" || {
-    echo "slot.sh: packing $WORKDIR failed; the previous parts in $PARTS are kept" >&2
-    rm -rf "$PARTS/parts.new"; exit 1; }
-rm -rf "$PARTS/parts.old"
-[ -d "$PARTS/parts" ] && mv "$PARTS/parts" "$PARTS/parts.old"
-mv "$PARTS/parts.new" "$PARTS/parts" && rm -rf "$PARTS/parts.old"
-echo "slot.sh: packed $WORKDIR into $(ls "$PARTS/parts"/workdir.tar.part-* | wc -l)" \
+  echo $SERIAL > "$PARTS/parts.new/SERIAL" && touch "$PARTS/parts.new/COMPLETE" || {
+    rm -rf "$PARTS/parts.new"
+    fail "packing $WORKDIR failed; the previous parts in $PARTS are kept"; }
+rm -rf "$PARTS/parts.old" && { [ ! -d "$PARTS/parts" ] || mv "$PARTS/parts" "$PARTS/parts.old"; } &&
+  mv "$PARTS/parts.new" "$PARTS/parts" && rm -rf "$PARTS/parts.old" ||
+  fail "cannot swap in $PARTS/parts.new (complete: the next slot swaps it in)"
+echo "slot.sh: packed $WORKDIR as slot $SERIAL: $(ls "$PARTS/parts"/workdir.tar.part-* | wc -l)" \
      "parts of at most $PART_SIZE in $PARTS/parts (exit $STATUS)" >&2
 exit $STATUS

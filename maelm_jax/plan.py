@@ -240,6 +240,7 @@ def _build_finetune(config, devices, size, vocab_size) -> Built:
                     "one of the two")
   if size and size not in model_lib.SIZES:
     raise PlanError(f"--size={size!r}: use one of {sorted(model_lib.SIZES)}")
+  config = finetune_run.completed(config)  # As the run reads it.
   with config.unlocked():
     checked = config.copy_and_resolve_references()
     checked.init_from = checked.init_from or "(planned from --size)"

@@ -140,8 +140,8 @@ def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file
   --max_runtime on one machine, it goes on on another that kept none of its
   files. Its workdir travels as tar parts; its token ids are prepared again from
   the same text into the same path. Unpacked there and resumed, it logs the
-  uninterrupted run's losses, though the first machine died while swapping in
-  its parts."""
+  uninterrupted run's losses, though the first machine died before swapping in
+  its parts and the second holds a half-unpacked workdir (moved aside)."""
   import lzma
   from maelm_jax.data import prepare_data, sources
   texts = tmp_path / "text"
@@ -177,19 +177,29 @@ def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file
   assert "max_runtime reached" in stderr and steps_logged(workdir) < TOTAL_STEPS
   packed = sorted(p.name for p in (parts / "parts").iterdir())
   assert packed[0] == "COMPLETE" and len(packed) > 2  # Several 1 MB files.
-  # The machine died between the swap's two renames: the new set waits beside.
+  # The machine died before its swap: the new set waits complete in parts.new/
+  # beside an older complete set (here one that would not even unpack).
   (parts / "parts").rename(parts / "parts.new")
-  (parts / "parts.old").mkdir()
-  (parts / "parts.old" / "workdir.tar.part-000").write_bytes(b"an older slot's")
-  shutil.rmtree(workdir)  # The other machine has nothing of the run...
+  (parts / "parts").mkdir()
+  for name, data in (("workdir.tar.part-000", b"an older slot's"), ("SERIAL", b"0"),
+                     ("COMPLETE", b"")):
+    (parts / "parts" / name).write_bytes(data)
+  # The other machine has nothing of the run but a workdir half unpacked by an
+  # earlier try, and prepares the same token ids from the same text.
+  shutil.rmtree(workdir)
+  workdir.mkdir()
+  (workdir / "config.json").write_text("{")
   shutil.rmtree(ids)
-  prepare()  # ...and prepares the same token ids from the same text.
+  prepare()
   stderr = slot("")
-  assert "unpacked" in stderr and "resumed from" in stderr
+  assert "unpacked slot 1" in stderr and "resumed from" in stderr
+  aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.before-slot-1.")]
+  assert len(aside) == 1 and (aside[0] / "config.json").read_text() == "{"
   steps, values = losses(workdir)
   assert steps == reference_steps == list(range(1, TOTAL_STEPS + 1))
   np.testing.assert_allclose(values, reference_losses, rtol=1e-6, atol=1e-6)
   assert sorted(os.listdir(parts)) == ["parts"]  # Swapped, the older set gone.
+  assert (parts / "parts" / "SERIAL").read_text().strip() == "2"
 
 
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path,

@@ -124,6 +124,7 @@ def no_compile(monkeypatch):
     ({"seq_len": 1024}, "raise --config.model.max_positions"),
     ({"data.rows": "complete_docs"}, "data.rows='complete_docs' must be 'packed' or"),
     ({"weight_decay_on": "none"}, "weight_decay_on='none' must be 'matrices' or 'all'"),
+    ({"layer_decay": 0.0}, "layer_decay=0.0 must be in \\(0, 1\\]"),
     ({"model.relative_bucket_fn": "fairseq"}, "relative_bucket_fn='fairseq' must be one"),
     ({"model.mask_ratio_start": 1.5}, "mask_ratio_start=1.5 must be 0 .* or in"),
     ({"model.mask_ratio_start": 0.3, "model.mask_ratio_stages": 1},

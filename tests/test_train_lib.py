@@ -60,10 +60,11 @@ def test_gradient_accumulation_gives_the_same_update():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_a_pretraining_config_holds_every_optimizer_setting():
+@pytest.mark.parametrize("knobs", [{}, {"layer_decay": 0.8, "relative_updates": True}])
+def test_a_pretraining_config_holds_every_optimizer_setting(knobs):
   """A pretraining config is passed to the optimizer as it is: it has each key
   of OptimizerConfig, and the two give one schedule and one optimizer state."""
-  config = tiny_config(learning_rate=1e-3, warmup_steps=3, total_steps=30)
+  config = tiny_config(learning_rate=1e-3, warmup_steps=3, total_steps=30, **knobs)
   names = [f.name for f in dataclasses.fields(train_lib.OptimizerConfig)]
   settings = train_lib.OptimizerConfig(**{name: config[name] for name in names})
   np.testing.assert_array_equal(train_lib.learning_rate_knots(settings),

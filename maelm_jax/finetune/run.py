@@ -310,14 +310,19 @@ def predict_all(predict_step, params, input_ids: np.ndarray, batch_size: int, me
 # ------------------------------------------------------------------ Run --
 
 
+def completed(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of fine-tuning `config` with the keys a config file written before
+  them lacks (config_defaults.complete): what the run and its plan read."""
+  return ml_collections.ConfigDict(config_defaults.complete(config.to_dict()))
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Fine-tunes and evaluates per `config`; returns the eval_results dict."""
   # ---------------------------------------------------------------- Set-up --
   if config.mode not in ("glue", "squad"):
     raise ValueError(f"config.mode={config.mode!r}: fine-tuning runs 'glue' or "
                      "'squad' (configs/glue.py, configs/squad.py)")
-  # The keys a config file written before them lacks (config_defaults.complete).
-  config = ml_collections.ConfigDict(config_defaults.complete(config.to_dict()))
+  config = completed(config)
   validate(config)
   # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
   with workdir_lib.removed_if_start_fails(workdir), storage.mirrored(workdir) as workdir:

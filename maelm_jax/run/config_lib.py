@@ -330,6 +330,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"data.rows={config.data.get('rows')!r} must be 'packed' or 'complete_doc'")
   need(config.weight_decay_on in ("matrices", "all"),
        f"weight_decay_on={config.get('weight_decay_on')!r} must be 'matrices' or 'all'")
+  need(0.0 < config.layer_decay <= 1.0,
+       f"layer_decay={config.layer_decay} must be in (0, 1]; 1.0 turns it off")
   need(config.model.relative_bucket_fn in relative_position.BUCKET_FNS,
        f"model.relative_bucket_fn={m.get('relative_bucket_fn')!r} must be one of "
        f"{relative_position.BUCKET_FNS}")
