@@ -81,7 +81,13 @@ def test_a_saved_config_is_read_back_completed_and_builds_its_model(tmp_path):
   old["model"].update(dropout=0.1, decoder_layers=1)  # The objective's own keys.
   (tmp_path / "config.json").write_text(json.dumps(old))
   saved = workdir_lib.read_config(str(tmp_path))
-  assert "mode" not in saved and saved["model"]["activation_dropout"] == 0.1
+  assert saved["mode"] == "pretrain" and saved["model"]["activation_dropout"] == 0.1
+  # It resumes under today's config of the same run (it was refused: mode None ->
+  # 'pretrain').
+  now = packaged("pretrain").to_dict()
+  now["model"].update(dropout=0.1, decoder_layers=1, activation_dropout=0.1)
+  assert [d for d in config_lib.config_differences(old, now)
+          if d.split(":")[0] not in config_defaults.ADDED_KEYS] == []
   assert saved["lr_schedule_segments"] == () and "pooling" not in saved
   cfg = model_lib.ModelConfig.from_config(ml_collections.ConfigDict(saved["model"]),
                                           vocab_size=600, mask_id=4)

@@ -73,10 +73,10 @@ ADDED_KEYS = {
 def complete(saved: dict) -> dict:
   """A copy of config `saved` (nested dicts, as config.json holds it) with every
   added key of its mode that it lacks, at the value that does what its run did
-  before the key existed. Configs without `mode` are pretraining ones (written
-  before fine-tuning shared the workdir format)."""
+  before the key existed. A config without `mode` is a pretraining one (written
+  before fine-tuning shared the workdir format), and says so after."""
   out = copy.deepcopy(saved)
-  mode = out.get("mode", "pretrain")
+  mode = out.setdefault("mode", "pretrain")
   for key, added in ADDED_KEYS.items():
     *parents, name = key.split(".")
     node = out
