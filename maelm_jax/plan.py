@@ -229,7 +229,7 @@ def build(config, devices, size: str = "", vocab_size: int = 0) -> Built:
 
 
 def _build_finetune(config, devices, size, vocab_size) -> Built:
-  from maelm_jax.run import pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
+  from maelm_jax.run import config_lib, pretrained as pretrained_lib  # pylint: disable=g-import-not-at-top
   from maelm_jax.modeling import flops, model as model_lib  # pylint: disable=g-import-not-at-top
   from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
   from maelm_jax.finetune import run as finetune_run  # pylint: disable=g-import-not-at-top
@@ -240,7 +240,7 @@ def _build_finetune(config, devices, size, vocab_size) -> Built:
                     "one of the two")
   if size and size not in model_lib.SIZES:
     raise PlanError(f"--size={size!r}: use one of {sorted(model_lib.SIZES)}")
-  config = finetune_run.completed(config)  # As the run reads it.
+  config = config_lib.completed(config)  # As the run reads it.
   with config.unlocked():
     checked = config.copy_and_resolve_references()
     checked.init_from = checked.init_from or "(planned from --size)"

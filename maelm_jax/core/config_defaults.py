@@ -78,10 +78,8 @@ def complete(saved: dict) -> dict:
   out = copy.deepcopy(saved)
   mode = out.setdefault("mode", "pretrain")
   for key, added in ADDED_KEYS.items():
-    *parents, name = key.split(".")
-    node = out
-    for part in parents:
-      node = node.get(part) if isinstance(node, dict) else None
+    parent, _, name = key.rpartition(".")
+    node = _at(out, parent) if parent else out
     if mode not in added.modes or not isinstance(node, dict) or name in node:
       continue
     default = added.default

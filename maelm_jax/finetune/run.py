@@ -46,7 +46,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from maelm_jax.core import config_defaults, progress as progress_lib, sharding, storage
+from maelm_jax.core import progress as progress_lib, sharding, storage
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.modeling import attention
 from maelm_jax.run import (checkpoints, compilation_cache, config_lib, metric_writers,
@@ -310,19 +310,13 @@ def predict_all(predict_step, params, input_ids: np.ndarray, batch_size: int, me
 # ------------------------------------------------------------------ Run --
 
 
-def completed(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of fine-tuning `config` with the keys a config file written before
-  them lacks (config_defaults.complete): what the run and its plan read."""
-  return ml_collections.ConfigDict(config_defaults.complete(config.to_dict()))
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Fine-tunes and evaluates per `config`; returns the eval_results dict."""
   # ---------------------------------------------------------------- Set-up --
   if config.mode not in ("glue", "squad"):
     raise ValueError(f"config.mode={config.mode!r}: fine-tuning runs 'glue' or "
                      "'squad' (configs/glue.py, configs/squad.py)")
-  config = completed(config)
+  config = config_lib.completed(config)
   validate(config)
   # A bucket workdir runs in its mirror, its checkpoints in the bucket (storage.py).
   with workdir_lib.removed_if_start_fails(workdir), storage.mirrored(workdir) as workdir:

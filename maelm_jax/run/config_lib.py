@@ -119,6 +119,13 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+def completed(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """An unlocked copy of `config` with the keys a config file written before them
+  lacks (config_defaults.complete): what pretraining (`resolve`), fine-tuning and
+  their plans read."""
+  return ml_collections.ConfigDict(defaults.complete(config.to_dict()))
+
+
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Fills the objective's and the size's defaults into unset (None) knobs.
 
@@ -126,8 +133,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   switches every objective default with it, while an explicit
   `--config.model.mask_ratio=0.3` still wins.
   """
-  # An unlocked copy, with the keys a config file written before them lacks.
-  config = ml_collections.ConfigDict(defaults.complete(config.to_dict()))
+  config = completed(config)
   m = config.model
   if m.objective not in model_lib.OBJECTIVES:
     raise ValueError(f"model.objective={m.objective!r} is unknown; use one of "
