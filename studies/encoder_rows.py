@@ -5,7 +5,7 @@ studies/does-pretraining-pay.md ("Every encoder by one protocol").
 
   python studies/encoder_rows.py --encoders=mlm_8x256=W1,maelmx_8x256=W2 \
       --blimp=BLIMP_OUT/blimp.json [--scores=SCORE_OUT/scores.json] \
-      --device='one NVIDIA H200' --command='OUT_DIR=/path/to/results bash studies/gpu_call.sh' \
+      --device='one NVIDIA H200' --command='python studies/run_study.py --config=studies/configs/pair_8x256.py ...' \
       --out=studies/results/device_encoders.json
   python studies/encoder_rows.py --out=studies/results/device_encoders.json \
       --markdown --plot=docs/device_encoders.png

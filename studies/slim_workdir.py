@@ -1,7 +1,7 @@
 """Writes <dst>: the workdir <src> with only the params of its newest checkpoint (or,
 with `half`, of the kept one nearest half its last step): no optimizer state, no
 data iterator, all that fine-tuning and BLiMP read. A third of the size, for
-bringing a run back from a GPU machine (studies/gpu_pretrain.sh). With
+bringing a run back from a GPU machine (studies/run_study.py keeps its runs so). With
 `--dtype=bfloat16` the floating params are rounded to bfloat16 (half again, for
 the 64 MiB that come back from a GPU run; a bf16 run's float32 master
 weights lose their low 16 bits); `--dtype=float32` widens such a copy back, the
