@@ -42,6 +42,7 @@ any compilation) and prints the commands, running nothing.
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -218,6 +219,22 @@ def check_earlier_run(run) -> None:
                      + "; ".join(differences[:3]) + "): pass a new --out")
 
 
+def slim_copy(python: str, src: str, dst: str, dtype: str, log) -> bool:
+  """studies/slim_workdir.py SRC DST --dtype, replacing an earlier copy at DST only
+  once the new one is whole (a study run again with the same --out keeps its runs'
+  newest params, and a copy cut short never stands in for one)."""
+  partial = dst + ".partial"
+  shutil.rmtree(partial, ignore_errors=True)
+  done = subprocess.run([python, "studies/slim_workdir.py", src, partial,
+                         f"--dtype={dtype}"], cwd=ROOT, stdout=log, stderr=log)
+  if done.returncode:
+    return False
+  if os.path.exists(dst):
+    shutil.rmtree(dst)
+  os.rename(partial, dst)
+  return True
+
+
 def nearest_half_way(workdir: str) -> int:
   steps = checkpoints.committed_steps(workdir)
   return min(steps, key=lambda s: abs(s - steps[-1] / 2))
@@ -230,10 +247,12 @@ def score_glue(encoders: dict, study, out: str, clock: Clock) -> None:
   """Phase 6: every (encoder, task) fine-tuned by the protocol, then merged."""
   py, jobs = FLAGS.python, []
   widened = os.path.join(out, "glue_encoders")
+  os.makedirs(widened, exist_ok=True)
   for name, path in encoders.items():  # Fine-tuning expects float32 params.
-    subprocess.run([py, "studies/slim_workdir.py", path, os.path.join(widened, name),
-                    "--dtype=float32"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
+    with open(f"{out}/logs/widen.log", "a") as log:
+      if not slim_copy(py, path, os.path.join(widened, name), "float32", log):
+        sys.exit(f"--encoders {name}={path}: not a workdir with a checkpoint "
+                 f"({out}/logs/widen.log)")
     for task in FLAGS.glue_tasks:
       jobs.append((f"{name}_{task}", [
           py, "studies/score_encoders.py", f"--out={out}/glue/{name}/{task}",
@@ -246,19 +265,22 @@ def score_glue(encoders: dict, study, out: str, clock: Clock) -> None:
   env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.85 / parallel:.3f}",
          # A GPU's float32 matmuls default to TF32; the protocol's float32 is exact.
          "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
-  codes = run_processes(jobs, clock.left() - 10, parallel, env=env)
-  merged = {}
+  run_processes(jobs, clock.left() - 10, parallel, env=env)
+  merged, scored = {}, 0
   for name in encoders:
     for task in FLAGS.glue_tasks:
+      # (A fine-tuning stopped at the deadline saves and exits 0: only its scores
+      # say that it finished.)
       path = os.path.join(out, "glue", name, task, "scores.json")
       if os.path.exists(path):
+        scored += 1
         with open(path) as f:
           for t, entry in json.load(f).get(name, {}).get("glue", {}).items():
             merged.setdefault(name, {}).setdefault("glue", {})[t] = entry
   with open(os.path.join(out, "glue.json"), "w") as f:
     json.dump(merged, f, indent=1)
-  clock.stamp(f"GLUE: {sum(c == 0 for c in codes.values())} of {len(jobs)} "
-              f"(encoder, task) pairs finished; {out}/glue.json")
+  clock.stamp(f"GLUE: {scored} of {len(jobs)} (encoder, task) pairs scored; the same "
+              f"command resumes the rest; {out}/glue.json")
 
 
 # ---------------------------------------------------------------- main
@@ -389,12 +411,12 @@ def main(argv):
 
   # ---------------------------------------------------------------- 5. keep
   if study.keep_dtype:
-    for r in trained:
-      with open(f"{out}/logs/keep.log", "a") as log:
-        subprocess.run([py, "studies/slim_workdir.py", r["workdir"],
-                        os.path.join(out, "keep", r["name"]),
-                        f"--dtype={study.keep_dtype}"], cwd=ROOT, stdout=log, stderr=log)
-    clock.stamp(f"kept {len(trained)} runs' params in {out}/keep")
+    os.makedirs(os.path.join(out, "keep"), exist_ok=True)
+    with open(f"{out}/logs/keep.log", "a") as log:
+      kept = [r for r in trained if slim_copy(py, r["workdir"], os.path.join(
+          out, "keep", r["name"]), study.keep_dtype, log)]
+    clock.stamp(f"kept {len(kept)} of {len(trained)} runs' params in {out}/keep")
+    trained = kept
 
   # ---------------------------------------------------------------- 6. GLUE
   if FLAGS.glue_dir and study.keep_dtype and trained:

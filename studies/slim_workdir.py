@@ -31,6 +31,8 @@ if len(args) not in (2, 3) or args[2:] not in ([], ["half"]) or dtypes not in (
   sys.exit("usage: slim_workdir.py SRC DST [half] [--dtype=bfloat16|float32]")
 src, dst = args[:2]
 steps = checkpoints.committed_steps(src)
+if not steps:
+  sys.exit(f"slim_workdir.py: {src} holds no committed checkpoint to copy")
 if len(args) > 2:  # "half": the kept step nearest half the last one.
   steps = [min(steps, key=lambda s: abs(s - steps[-1] / 2))]
 params, step = pretrained_lib.restore_params(src, steps[-1])

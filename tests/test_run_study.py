@@ -141,3 +141,16 @@ def test_with_parts_a_run_goes_through_the_slot_script():
   assert "--config=studies/configs/babylm_knobs.py:scale=smoke" in rest
   assert "--config.total_flops=1000000000000.0" in rest
   assert not [a for a in rest if a.startswith(("--workdir", "--config.max_runtime"))]
+
+
+def test_a_failed_slim_copy_leaves_the_earlier_copy_in_place(tmp_path):
+  """Phase 5 run again with the same --out: the kept copy is replaced only by a
+  whole new one; a source that cannot be copied leaves the earlier copy as it was."""
+  kept = tmp_path / "keep" / "base"
+  kept.mkdir(parents=True)
+  (kept / "config.json").write_text("{}")
+  with open(tmp_path / "keep.log", "w") as log:
+    assert not run_study.slim_copy(sys.executable, str(tmp_path / "no_such_run"),
+                                   str(kept), "bfloat16", log)
+  assert (kept / "config.json").read_text() == "{}"
+  assert "no_such_run" in (tmp_path / "keep.log").read_text()
