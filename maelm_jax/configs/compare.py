@@ -84,17 +84,22 @@ def get_config(arg=None):
   return config
 
 
+def objective_names(objectives: str) -> list[str]:
+  """'+'-separated names of OBJECTIVES (a config argument), checked."""
+  names = objectives.split("+")
+  unknown = [n for n in names if n not in OBJECTIVES]
+  if unknown:
+    raise ValueError(f"objectives={objectives!r}: unknown {unknown}; use "
+                     f"'+'-separated names of {sorted(OBJECTIVES)}, e.g. "
+                     f"objectives=mlm+maelmx")
+  return names
+
+
 def get_sweep(arg=None):
   a = _arg(arg)
   seeds = [int(s) for s in a.seeds.split("+")]
-  names = a.objectives.split("+")
-  unknown = [n for n in names if n not in OBJECTIVES]
-  if unknown:
-    raise ValueError(f"configs/compare.py: objectives={a.objectives!r}: unknown "
-                     f"{unknown}; use '+'-separated names of {sorted(OBJECTIVES)}, "
-                     f"e.g. objectives=mlm+maelmx")
   runs = [{"name": f"{name}_seed{seed}", "seed": seed, **OBJECTIVES[name]}
-          for name in names for seed in seeds]
+          for name in objective_names(a.objectives) for seed in seeds]
   if a.random:
     # One step whose learning rate is 0 (a one-step warm-up starts at 0; the
     # config refuses learning_rate=0): the checkpoint holds the seed's initial

@@ -42,15 +42,12 @@ Results (2 CPU cores, 15 TFLOP, two seeds): studies/babylm-knobs.md and
 studies/results/knob_probe_cpu.json.
 """
 
-import importlib.util
 import pathlib
 
 from maelm_jax.run import config_lib
 
-_spec = importlib.util.spec_from_file_location(
-    "maelm_configs_compare", pathlib.Path(__file__).parents[2] / "configs" / "compare.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+compare = config_lib.load_config_module(
+    str(pathlib.Path(__file__).parents[2] / "configs" / "compare.py"))
 
 # scale: (layers, batch, dtype, warm-up share, eval_every, data workers, tflops)
 SCALES = {"gpu": (8, 256, "bfloat16", 0.06, 1000, 2, 1200.0),

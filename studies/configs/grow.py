@@ -23,15 +23,12 @@ Arguments: tflops (the whole schedule; 24000), scale (gpu | smoke: 2 layers at b
 Results: studies/gpu-encoders.md and studies/results/device_encoders.json.
 """
 
-import importlib.util
 import pathlib
 
 from maelm_jax.run import config_lib
 
-_spec = importlib.util.spec_from_file_location(
-    "maelm_configs_compare", pathlib.Path(__file__).parents[2] / "configs" / "compare.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+compare = config_lib.load_config_module(
+    str(pathlib.Path(__file__).parents[2] / "configs" / "compare.py"))
 
 
 def _arg(arg):

@@ -29,24 +29,18 @@ Results: studies/gpu-encoders.md (BLiMP 60-63 at 8 x 128 and 8 x 256) and
 studies/results/device_encoders.json.
 """
 
-import importlib.util
 import pathlib
 
 from maelm_jax.run import config_lib
 
-_spec = importlib.util.spec_from_file_location(
-    "maelm_configs_compare", pathlib.Path(__file__).parents[2] / "configs" / "compare.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+compare = config_lib.load_config_module(
+    str(pathlib.Path(__file__).parents[2] / "configs" / "compare.py"))
 
 
 def _arg(arg):
   a = config_lib.parse_arg(arg, objectives="mlm+maelmx+3mlx", batch=256,
                            dtype="bfloat16")
-  unknown = [o for o in a.objectives.split("+") if o not in compare.OBJECTIVES]
-  if unknown:
-    raise ValueError(f"objectives: unknown {unknown}; use '+'-separated names of "
-                     f"{sorted(compare.OBJECTIVES)}")
+  compare.objective_names(a.objectives)
   return a
 
 
@@ -65,7 +59,8 @@ def get_config(arg=None):
 
 
 def get_sweep(arg=None):
-  return [{"name": o, **compare.OBJECTIVES[o]} for o in _arg(arg).objectives.split("+")]
+  return [{"name": o, **compare.OBJECTIVES[o]}
+          for o in compare.objective_names(_arg(arg).objectives)]
 
 
 def get_study(arg=None):
