@@ -104,9 +104,10 @@ def assert_same_run(workdir, reference):
     np.testing.assert_array_equal(got, want)
 
 
-def start(emulator, workdir, tokenizer_file):
-  return subprocess.Popen(command(workdir, tokenizer_file), cwd=REPO, env=env(emulator),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(emulator, workdir, tokenizer_file, *extra):
+  return subprocess.Popen([*command(workdir, tokenizer_file), *extra], cwd=REPO,
+                          env=env(emulator), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
 
 
 def test_preempted_on_gs_resumes_to_the_local_runs_weights_bit_for_bit(
@@ -184,23 +185,31 @@ def test_the_store_gone_mid_run_one_line_nothing_lost_the_same_command_resumes(
 
 
 def test_two_runs_racing_for_one_gs_workdir_one_is_refused(emulator, tokenizer_file):
-  """The second starts once the first holds the lease: on a loaded machine two
-  started together may not overlap at all (the first done before the second
-  looks), and the lease's own race is test_the_lease_of_a_gone_run...'s."""
-  workdir = f"{BUCKET}/raced"
-  first = start(emulator, workdir, tokenizer_file)
+  """The second starts while the first holds the lease and is refused; the first
+  goes on undisturbed until it is stopped, and saves. (The first's schedule is
+  far longer than the test, so on however fast a machine the two overlap; the
+  lease's own race is test_the_lease_of_a_gone_run...'s.)"""
+  workdir, endless = f"{BUCKET}/raced", "--config.total_steps=100000"
+  first = start(emulator, workdir, tokenizer_file, endless)
   deadline = time.monotonic() + 300
   while not storage.exists(f"{workdir}/.lock"):
     assert first.poll() is None, first.communicate()[1][-3000:]
     assert time.monotonic() < deadline
     time.sleep(0.1)
-  runs = [first, start(emulator, workdir, tokenizer_file)]
-  outcomes = [(p.wait(timeout=600), p.communicate()[1]) for p in runs]
-  codes = sorted(code for code, _ in outcomes)
-  assert codes[0] == 0 and codes[1] != 0, [e[-2000:] for _, e in outcomes]
-  refused = next(err for code, err in outcomes if code != 0)
-  assert f"{workdir} is in use by pid" in refused
-  assert checkpoints.latest_step(workdir) == TOTAL_STEPS  # The winner's run, whole.
+  second = start(emulator, workdir, tokenizer_file, endless)
+  code, refused = second.wait(timeout=600), second.communicate()[1]
+  assert code != 0 and f"{workdir} is in use by pid" in refused, refused[-2000:]
+  assert first.poll() is None, first.communicate()[1][-3000:]
+  while checkpoints.latest_step(workdir) is None:  # It trains on: a step saved.
+    assert first.poll() is None, first.communicate()[1][-3000:]
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+  first.send_signal(signal.SIGTERM)
+  assert first.wait(timeout=600) == 0, first.communicate()[1][-3000:]
+  saved = checkpoints.latest_step(workdir)
+  # The winner's run, whole: every step logged once, up to the one it saved last.
+  assert [r["step"] for r in records(workdir)] == list(range(1, saved + 1))
+  assert not storage.exists(f"{workdir}/.lock")
 
 
 def test_two_processes_share_a_gs_workdir(emulator, tmp_path):
