@@ -301,6 +301,8 @@ def main(argv):
     sys.exit(f"--glue_dir={FLAGS.glue_dir}: no such folder")
   if FLAGS.blimp_dir and not os.path.isdir(FLAGS.blimp_dir):
     sys.exit(f"--blimp_dir={FLAGS.blimp_dir}: no such folder")
+  if any("=" not in item for item in FLAGS.encoders):
+    sys.exit(f"--encoders={','.join(FLAGS.encoders)}: write name=workdir,name=workdir")
   encoders = dict(item.split("=", 1) for item in FLAGS.encoders)
   if encoders:
     if not FLAGS.glue_dir:
@@ -315,10 +317,14 @@ def main(argv):
 
   # Every run's config resolved and checked, and any run already in --out checked
   # against it, before anything starts (maelm_jax.sweep).
-  runs = sweep.expand(config_file, overrides)
-  for run in runs:
-    run["workdir"] = os.path.join(out, "runs", run["name"])
-    check_earlier_run(run)
+  try:
+    runs = sweep.expand(config_file, overrides)
+    for run in runs:
+      run["workdir"] = os.path.join(out, "runs", run["name"])
+      config_lib.validate(run["config"])  # maelm_jax.main's checks before compiling
+      check_earlier_run(run)
+  except ValueError as error:  # Before anything starts.
+    sys.exit(f"{config_file}, run {run['name']}: {error}")
   probing = study.probe_s > 0 and not FLAGS.tflops
   if FLAGS.dry_run:
     keys = {"data.source": f"arrayrecord:{out}/ids"} if study.prepare else {}

@@ -53,6 +53,17 @@ def test_every_documented_study_command_parses_and_plans_its_runs(tmp_path):
       assert f"/runs/{run['name']}" in line
 
 
+def test_a_run_the_product_would_refuse_stops_the_dry_run_before_anything_starts(
+    tmp_path):
+  out = subprocess.run(
+      [sys.executable, "studies/run_study.py", "--config=studies/configs/grow.py",
+       f"--out={tmp_path}", "--dry_run", "--config.model.mask_ratio=1.5"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 1 and "run grow" in out.stderr, out.stderr[-2000:]
+  assert "model.mask_ratio=1.5 must be in (0, 1)" in out.stderr
+  assert "maelm_jax.main" not in out.stdout and not list(tmp_path.iterdir())
+
+
 def test_a_study_with_an_unknown_setting_or_variant_is_refused():
   module = type("Study", (), {"get_study": staticmethod(lambda arg: {"togther": True})})
   with pytest.raises(ValueError, match="unknown key.*togther"):
