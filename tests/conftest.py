@@ -10,7 +10,12 @@ if (importlib.util.find_spec("libtpu") is not None
     and not any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13))):
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# LLVM at -O1, not -O2, for the tests' own programs and every run they start: the
+# suite is bound by XLA's CPU compiles of tiny programs, and -O1 compiles them
+# about a sixth faster while the 500-step quality test runs as fast
+# (benchmarks/test-suite-cost.md). XLA's own passes, and so every value, are the same.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=1")  # = helpers.xla_flags(8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # One persistent compilation cache for the whole session: the controller makes

@@ -18,6 +18,13 @@ from maelm_jax.modeling import masking  # noqa: E402
 from maelm_jax.run import config_lib  # noqa: E402
 
 
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS of a run a test starts on `devices` CPU devices, compiled as the
+  test process compiles (conftest.py: LLVM at -O1)."""
+  return (f"--xla_force_host_platform_device_count={devices} "
+          "--xla_backend_optimization_level=1")
+
+
 def tiny_config(objective="maelm", **overrides):
   """A resolved pretraining config small enough for CPU tests."""
   config = pretrain.get_config(f"objective={objective},size=tiny")

@@ -19,7 +19,7 @@ import pytest
 
 from maelm_jax.core import storage, workdir as workdir_lib
 from maelm_jax.run import checkpoints
-from tests import gcs_emulator
+from tests import gcs_emulator, helpers
 
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
 # this file out (pytest.ini's `slow`).
@@ -68,7 +68,7 @@ def command(workdir, tokenizer_file, *extra):
 
 def env(emulator):
   return dict(os.environ, **emulator.env(), JAX_NUM_CPU_DEVICES="4",
-              XLA_FLAGS="--xla_force_host_platform_device_count=4")
+              XLA_FLAGS=helpers.xla_flags(4))
 
 
 def run(emulator, workdir, tokenizer_file, *extra):

@@ -17,6 +17,7 @@ from maelm_jax.run import checkpoints
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.run.metric_writers import truncate_jsonl
+from tests import helpers
 from tests.test_resume import (REPO, TOTAL_STEPS, command, losses,  # noqa: F401
                                reference, reference_workdir, run,
                                steps_logged)  # (reference, reference_workdir: fixtures)
@@ -26,7 +27,7 @@ from tests.test_resume import (REPO, TOTAL_STEPS, command, losses,  # noqa: F401
 pytestmark = pytest.mark.slow
 
 ENV8 = dict(os.environ, JAX_NUM_CPU_DEVICES="8",
-            XLA_FLAGS="--xla_force_host_platform_device_count=8")
+            XLA_FLAGS=helpers.xla_flags(8))
 
 
 def snapshot(workdir) -> dict[str, bytes]:

@@ -17,6 +17,7 @@ import pytest
 from maelm_jax.run import checkpoints, run_tokenizer, train, train_lib
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.core import sharding
+from tests import helpers
 from tests.helpers import built_once, random_ids, tiny_config
 
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
@@ -45,7 +46,7 @@ def command(workdir, tokenizer_file, *extra):
 
 def run(workdir, tokenizer_file, *extra, devices=8):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+             XLA_FLAGS=helpers.xla_flags(devices))
   out = subprocess.run(command(workdir, tokenizer_file, *extra), cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
@@ -168,7 +169,7 @@ def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file
          "--part_size=1M", f"--max_runtime={max_runtime}", f"--python={sys.executable}",
          "--", *command(workdir, tokenizer_file, *extra)[4:]],
         cwd=REPO, env=dict(os.environ, JAX_NUM_CPU_DEVICES="8",
-                           XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+                           XLA_FLAGS=helpers.xla_flags(8)),
         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     return out.stderr
