@@ -2,8 +2,8 @@ r"""Memory and start-up of a training process against corpus size: `arrayrecord:
 (prepared, read lazily) stays flat, `text:` (read whole) grows.
 
   python benchmarks/corpus_scaling.py \
-      --wikipedia='../shared/data/corpus/wikipedia/*.jsonl.xz' --scratch=/tmp/cs \
-      --tokenizer=/work/study/tokenizer/tokenizer.model --scales=1,10 --text_scales=1,10
+      --wikipedia='<data>/corpus/wikipedia/*.jsonl.xz' --scratch=/tmp/cs \
+      --tokenizer=runs/study/tokenizer/tokenizer.model --scales=1,10 --text_scales=1,10
 
 Steps:
   1. `<scratch>/in_1x/`: the Wikipedia shards decompressed (JSON Lines);

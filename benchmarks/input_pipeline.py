@@ -2,7 +2,7 @@ r"""Input pipeline throughput: packed rows/s of one host against what the train
 step consumes.
 
   python benchmarks/input_pipeline.py \
-      --source='text:../shared/data/corpus/gutenberg/*.txt.xz' \
+      --source='text:<data>/corpus/gutenberg/*.txt.xz' \
       --tokenizer=/tmp/probe_tokenizer/tokenizer.model --seq_lens=128,512 --workers=0,1,2
 
 For each length and `data.num_workers`, the real pretraining pipeline

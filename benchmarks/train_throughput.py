@@ -19,7 +19,7 @@ most expensive op kinds it prints and writes beside the table, `maelm_jax.tools.
       --out=benchmarks/RESULTS_accelerator.md --json=/tmp/throughput.json
 
 Method:
-  * vocabulary 8192 (as the HF/PyTorch peers in /work/shared/DESIGN-NOTES.md);
+  * vocabulary 8192 (as the HF/PyTorch peers in the design notes);
     batch = tokens_per_batch // seq_len sequences of `[CLS] w.. [SEP]`, w >= 5;
     everything else is the real pretraining config (configs/pretrain.py), dropout
     and relative position bias included.

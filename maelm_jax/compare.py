@@ -3,8 +3,8 @@ config at equal compute, fine-tune each encoder, measure its effective rank,
 and write one table and one figure.
 
   python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=20 \
-      --out=/tmp/compare --glue_dir=../shared/data/glue \
-      --config.data.source='text:../shared/data/corpus/gutenberg/*.txt.xz'
+      --out=/tmp/compare --glue_dir=<data>/glue \
+      --config.data.source='text:<data>/corpus/gutenberg/*.txt.xz'
 
 Steps (each resumable: the same command skips what is done and checks that what
 is on disk was made with this config):
@@ -79,7 +79,7 @@ def split_in_halves(dev_tsv: str, out_dir: str, seed: int = 0) -> None:
 
 def glue_root(glue_dir: str, out: str, tasks) -> str:
   """`<out>/glue`: links to --glue_dir's tasks; a task given only its dev.tsv
-  (no train.tsv: ../shared/data has QNLI's dev alone) is made of that file's two
+  (no train.tsv: <data> has QNLI's dev alone) is made of that file's two
   halves, one to train on, one to score."""
   root = os.path.join(out, "glue")
   os.makedirs(root, exist_ok=True)

@@ -10,7 +10,7 @@ each (scoring only, after one warm-up call each, which includes our
 compilations) and the share of pairs both decide the same way.
 
   pip install minicons   # beside the test extras (torch, transformers)
-  python studies/blimp_vs_minicons.py --workdir=W --data=../shared/data/blimp \
+  python studies/blimp_vs_minicons.py --workdir=W --data=<data>/blimp \
       --pairs_per_paradigm=20 --variant=token
 """
 

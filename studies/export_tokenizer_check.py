@@ -4,8 +4,8 @@ the lines where `export_hf.fast_tokenizer` and SentencePiece disagree.
   python studies/export_tokenizer_check.py --tokenizer=/tmp/run/tokenizer.model
 
 Text: the first 3,000 lines of six of the Gutenberg books and the SST-2 dev
-sentences in ../shared/data (when present), and every sentence of the embedded
-pydoc corpus. A line that differs is also checked for being the same pieces in
+sentences in the shared/data folder beside the checkout (when present), and every
+sentence of the embedded pydoc corpus. A line that differs is also checked for being the same pieces in
 another order (a tie SentencePiece breaks with float32 sums).
 """
 

@@ -4,8 +4,8 @@ same model pretrained on one GPU (studies/gpu-encoders.md, "8 x 128, batch 128, 
 one H200").
 
   python studies/lever_plot.py --out=docs/lever_gpu.png \
-      --run=mlm_cpu_240tf=/work/study8/pretrain/mlm_seed0:/work/study8/blimp/mlm_seed0 \
-      --run=mlm_gpu=/work/gpu_study/pretrain/mlm_gpu:/work/gpu_study/blimp/mlm_gpu,/work/gpu_study/blimp/mlm_gpu_half
+      --run=mlm_cpu_240tf=runs/study8/pretrain/mlm_seed0:runs/study8/blimp/mlm_seed0 \
+      --run=mlm_gpu=runs/gpu_study/pretrain/mlm_gpu:runs/gpu_study/blimp/mlm_gpu,runs/gpu_study/blimp/mlm_gpu_half
 
 Each --run is name=workdir[:folders of BLiMP results]: the workdir gives the
 [MASK] accuracy curve (its metrics.jsonl) and the FLOPs per step (its config);

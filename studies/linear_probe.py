@@ -16,7 +16,7 @@ on those files with the first workdir's tokenizer, next to random vectors of the
 same size.
 
   python studies/linear_probe.py /tmp/helps/pretrain_maelm /tmp/helps/random_init_maelm
-  python studies/linear_probe.py W --corpus_baseline='../shared/data/corpus/gutenberg/*.txt.xz'
+  python studies/linear_probe.py W --corpus_baseline='<data>/corpus/gutenberg/*.txt.xz'
 """
 
 import argparse

@@ -17,7 +17,7 @@ Steps (everything through the project's public entry points):
      `--seeds`, the same hyper-parameters for both:
        SST-2: a fixed random `--sst2_examples` subset of train, all 872 dev
               sentences scored;
-       QNLI:  its train set is not in ../shared/data, so a fixed random half of
+       QNLI:  its train set is not in the shared data, so a fixed random half of
               QNLI dev (2,731 pairs) trains and the other half (2,732) is scored;
        CoLA:  all of train, all of dev (Matthews correlation);
   4. report the median over seeds of each run's *last* epoch (no selection on the
@@ -26,7 +26,7 @@ Steps (everything through the project's public entry points):
 Writes its section of `--results` (default studies/pretraining-on-the-books.md,
 between `<!-- pretraining_helps:start -->` and `<!-- pretraining_helps:end -->`) and
 `summary.json` in `--workdir`. Needs
-../shared/data (not part of the project).
+the shared/data folder beside the checkout (not part of the project).
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ learning rate picked on a split of the training data, 3 seeds
 (`maelm_jax.compare.finetune_encoder`, `blimp_scores`; `get_finetune` of the
 config). Resumable: finished runs are skipped.
 
-  python studies/score_encoders.py --out=/work/gpu_study \
-      --encoders=mlm_gpu=/work/gpu_study/pretrain/mlm_gpu \
-      --glue_dir=../shared/data/glue --tasks=sst2,qnli,cola \
-      --blimp_dir=../shared/data/blimp --blimp_max_pairs=200
+  python studies/score_encoders.py --out=runs/gpu_study \
+      --encoders=mlm_gpu=runs/gpu_study/pretrain/mlm_gpu \
+      --glue_dir=<data>/glue --tasks=sst2,qnli,cola \
+      --blimp_dir=<data>/blimp --blimp_max_pairs=200
 
 Used for the lever: an 8-layer `tiny` pretrained on one GPU, fine-tuned
-and scored on the 2 CPU cores exactly as `/work/study8`'s encoders were
+and scored on the 2 CPU cores exactly as `runs/study8`'s encoders were
 (studies/does-pretraining-pay.md, "On one GPU").
 """
 

@@ -9,7 +9,7 @@ gets a piece of its own. This writes a copy of an SST-2 directory with every
 sentence detokenized (`detokenize_ptb`), labels and order unchanged, for
 `--config.data.dir`:
 
-  python studies/sst2_detokenized.py --glue_dir=../shared/data/glue \
+  python studies/sst2_detokenized.py --glue_dir=<data>/glue \
       --out=/tmp/detok/glue          # writes /tmp/detok/glue/SST-2/{train,dev}.tsv
 
 Measured in studies/pretraining-on-the-books.md ("Why SST-2 does not gain"): the gain over

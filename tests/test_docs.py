@@ -169,6 +169,30 @@ def test_no_words_of_how_the_work_was_organised():
   assert not hits, "words of how the work was organised:\n" + "\n".join(hits[:40])
 
 
+def test_no_tracked_file_outside_the_tests_cites_a_folder_a_reader_lacks():
+  """`../shared/` and `/work/` are folders of the machines this was built on, not
+  of a reader: a command says `<data>` (the downloaded data) or `runs/` instead.
+  (Recorded environment values, such as a soak's LD_PRELOAD, are data, not paths
+  to follow.)"""
+  tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True,
+                           text=True, check=False).stdout.split()
+  if not tracked:
+    pytest.skip("not a git checkout")
+  pattern = re.compile(r"\.\./shared/|(?<![\w.])/work/")
+  hits = []
+  for name in tracked:
+    path = REPO / name
+    if name.startswith("tests/") or not path.is_file():
+      continue
+    try:
+      lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+      continue
+    hits += [f"{name}:{n}: {line.strip()[:100]}" for n, line in enumerate(lines, 1)
+             if pattern.search(line) and '"ld_preload"' not in line]
+  assert not hits, "paths a reader does not have:\n" + "\n".join(hits[:40])
+
+
 def test_commands_and_imports_use_the_modules_new_names():
   """The old flat module names (maelm_jax/__init__.py's _MOVED) still import, with
   a DeprecationWarning, and go in the next release: nothing a reader copies uses

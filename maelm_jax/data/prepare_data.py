@@ -1,7 +1,7 @@
 r"""One preparation step: any corpus -> ArrayRecord shards read lazily by training.
 
   python -m maelm_jax.data.prepare_data \
-      --source='text:../shared/data/corpus/wikipedia/*.jsonl.xz' --out=/data/wiki
+      --source='text:<data>/corpus/wikipedia/*.jsonl.xz' --out=/data/wiki
   python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=base \
       --config.data.source=arrayrecord:/data/wiki --workdir=...
 

@@ -461,7 +461,7 @@ def resume_flags(saved: dict, current: dict,
 
 def _same_place(value):
   """A `text:` source as the absolute glob it names, so that the same files
-  spelt from another directory ('text:../data/*.txt', 'text:/work/data/*.txt')
+  spelt from another directory ('text:../data/*.txt', 'text:/home/me/data/*.txt')
   are the same config; anything else as it is."""
   if isinstance(value, str) and value.startswith("text:"):
     return "text:" + ",".join(os.path.abspath(os.path.expanduser(p)) if p else p
