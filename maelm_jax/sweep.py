@@ -115,13 +115,15 @@ def launch_commands(runs, config_file: str, sweep_dir: str, overrides: dict,
   return lines
 
 
-def run_state(run: dict, workdir: str) -> str:
-  """"new", "finished", "resume at step N", or raises for another config's run."""
+def run_state(run: dict, workdir: str,
+              resumable=config_lib.RESUMABLE_CHANGES) -> str:
+  """"new", "finished", "resume at step N", or raises for another config's run
+  (one that differs in a key other than `resumable`)."""
   saved = workdir_lib.read_config(workdir)
   if saved is None:
     return "new"
   differences = config_lib.config_differences(
-      saved, json.loads(run["config"].to_json_best_effort()))
+      saved, json.loads(run["config"].to_json_best_effort()), resumable)
   if differences:
     raise ValueError(f"{workdir} holds a run of another config ("
                      + "; ".join(differences[:3]) + ")")

@@ -56,7 +56,6 @@ import ml_collections  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from maelm_jax import sweep  # noqa: E402
-from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 from maelm_jax.run import checkpoints, config_lib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,23 +199,10 @@ def probed_budget(runs, probe_dir: str) -> float:
 
 
 # The keys the runner sets itself (phases 1-3): a run already in --out may differ in
-# them from its sweep entry; `maelm_jax.main` checks the rest again on resume.
+# them from its sweep entry (sweep.run_state refuses any other difference before
+# anything starts); `maelm_jax.main` checks them again on resume.
 RUNNER_KEYS = frozenset({"data.source", "total_flops", "total_steps", "max_runtime",
                          "checkpoint_every"})
-
-
-def check_earlier_run(run) -> None:
-  """Refuses a run in --out made with another config (its results would not be
-  this study's), before anything starts."""
-  saved = workdir_lib.read_config(run["workdir"])
-  if saved is None:
-    return
-  differences = config_lib.config_differences(
-      saved, json.loads(run["config"].to_json_best_effort()),
-      config_lib.RESUMABLE_CHANGES | RUNNER_KEYS)
-  if differences:
-    raise ValueError(f"{run['workdir']} holds a run of another config ("
-                     + "; ".join(differences[:3]) + "): pass a new --out")
 
 
 def slim_copy(python: str, src: str, dst: str, dtype: str, log) -> bool:
@@ -322,7 +308,7 @@ def main(argv):
     for run in runs:
       run["workdir"] = os.path.join(out, "runs", run["name"])
       config_lib.validate(run["config"])  # maelm_jax.main's checks before compiling
-      check_earlier_run(run)
+      sweep.run_state(run, run["workdir"], config_lib.RESUMABLE_CHANGES | RUNNER_KEYS)
   except ValueError as error:  # Before anything starts.
     sys.exit(f"{config_file}, run {run['name']}: {error}")
   probing = study.probe_s > 0 and not FLAGS.tflops

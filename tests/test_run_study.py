@@ -110,11 +110,13 @@ def test_a_run_of_another_config_in_out_is_refused_before_anything_starts(tmp_pa
   saved.update(total_flops=3e12, total_steps=999, max_runtime="60s")
   saved["data"]["source"] = "arrayrecord:/somewhere/ids"
   (tmp_path / "base" / "config.json").write_text(json.dumps(saved))
-  run_study.check_earlier_run(run)
+  run_study.sweep.run_state(
+      run, run["workdir"], run_study.config_lib.RESUMABLE_CHANGES | run_study.RUNNER_KEYS)
   saved["model"]["normformer"] = True
   (tmp_path / "base" / "config.json").write_text(json.dumps(saved))
   with pytest.raises(ValueError, match="another config.*model.normformer"):
-    run_study.check_earlier_run(run)
+    run_study.sweep.run_state(
+      run, run["workdir"], run_study.config_lib.RESUMABLE_CHANGES | run_study.RUNNER_KEYS)
 
 
 def test_processes_past_the_deadline_get_sigterm_then_sigkill(tmp_path):
