@@ -2,7 +2,7 @@ r"""What checkpoint checksums cost: recording them when a step is final and
 verifying them on restore, at `base` size (params + AdamW moments), against the
 save and the restore themselves.
 
-  python benchmarks/checkpoint_checksums.py --size=base --dir=/tmp/ckpt_bench
+  python benchmarks/checkpoint_checksums.py --size=base --dir=runs/ckpt_bench
 
 A real train state of the size (`train_lib.create_sharded_state`, vocabulary
 --vocab; every float array filled with random values, as a trained state has
@@ -19,6 +19,7 @@ import pathlib
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--size", default="base")
   parser.add_argument("--vocab", type=int, default=32000)
-  parser.add_argument("--dir", default="/tmp/ckpt_bench")
+  parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "ckpt_bench"))
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
   config = config_lib.resolve(pretrain.get_config(f"objective=mlm,size={args.size}"))

@@ -3,11 +3,11 @@ and over with the run's checkpoint manager (`checkpoints.make_manager`: async,
 3 kept, checksums recorded) or with orbax's own (`--manager=orbax`, same
 options), printing RSS every 50 saves (after waiting for the save to finish).
 
-  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop
-  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop --manager=orbax
-  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop --with_iterator
-  python benchmarks/checkpoint_memory.py --saves=600 --dir=/tmp/ckloop --leaves=150
-  python benchmarks/checkpoint_memory.py --saves=160 --dir=/tmp/ckloop --leaves=150 \
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=runs/ckloop
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=runs/ckloop --manager=orbax
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=runs/ckloop --with_iterator
+  python benchmarks/checkpoint_memory.py --saves=600 --dir=runs/ckloop --leaves=150
+  python benchmarks/checkpoint_memory.py --saves=160 --dir=runs/ckloop --leaves=150 \
       --manager=orbax --sync --malloc_trim [--no_ocdbt] [--tracemalloc]
 
 With `--with_iterator` every save also holds a grain data iterator's state, as a
@@ -20,9 +20,11 @@ the end (slow: a few saves a second).
 
 import argparse
 import gc
+import os
 import pathlib
 import shutil
 import sys
+import tempfile
 import tracemalloc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -43,7 +45,7 @@ def rss_mb() -> float:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--saves", type=int, default=600)
-  parser.add_argument("--dir", default="/tmp/ckloop")
+  parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "ckloop"))
   parser.add_argument("--manager", choices=("maelm", "orbax"), default="maelm")
   parser.add_argument("--with_iterator", action="store_true")
   parser.add_argument("--leaves", type=int, default=1,
@@ -57,6 +59,7 @@ def main() -> None:
   parser.add_argument("--tracemalloc", action="store_true",
                       help="Print the Python heap's growth by allocation site")
   args = parser.parse_args()
+  args.dir = os.path.abspath(args.dir)  # orbax's own manager takes absolute paths only.
   if args.no_ocdbt and (args.manager != "orbax" or args.with_iterator):
     sys.exit("--no_ocdbt needs --manager=orbax and no --with_iterator")
   shutil.rmtree(args.dir, ignore_errors=True)

@@ -2,7 +2,7 @@ r"""Memory and start-up of a training process against corpus size: `arrayrecord:
 (prepared, read lazily) stays flat, `text:` (read whole) grows.
 
   python benchmarks/corpus_scaling.py \
-      --wikipedia='<data>/corpus/wikipedia/*.jsonl.xz' --scratch=/tmp/cs \
+      --wikipedia='<data>/corpus/wikipedia/*.jsonl.xz' --scratch=runs/cs \
       --tokenizer=runs/study/tokenizer/tokenizer.model --scales=1,10 --text_scales=1,10
 
 Steps:
@@ -30,6 +30,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -114,7 +115,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--wikipedia", default=str(
       REPO.parent / "shared/data/corpus/wikipedia/*.jsonl.xz"))
-  parser.add_argument("--scratch", default="/tmp/corpus_scaling")
+  parser.add_argument("--scratch",
+                      default=os.path.join(tempfile.gettempdir(), "corpus_scaling"))
   parser.add_argument("--tokenizer", required=True,
                       help="a tokenizer.model, so that no run trains one")
   parser.add_argument("--scales", default="1,10")

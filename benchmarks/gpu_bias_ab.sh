@@ -10,12 +10,13 @@
 #          kernels that the command buffers otherwise hide.
 # Run from the repository root on the GPU machine: OUT_DIR=/path/to/results bash benchmarks/gpu_bias_ab.sh
 set -u
-PY=${PY:-python3}; OUT_DIR=${OUT_DIR:-/tmp/ab}; mkdir -p $OUT_DIR
+PY=${PY:-python3}; OUT_DIR=${OUT_DIR:-runs/ab}; mkdir -p $OUT_DIR
+SCRATCH=${TMPDIR:-/tmp}  # the wheels' site-packages and the profile
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+      --target $SCRATCH/site .whl/*.whl || exit 1
+  export PYTHONPATH=$SCRATCH/site
 fi
 A="--sizes=base --seq_lens=512 --dtype=bfloat16 --attention_impls=auto --scan_layers
    --dropout=0 --steps=10 --repeats=3 --tokens_per_batch=65536 --ceiling=8192"
@@ -29,8 +30,8 @@ ab fixed benchmarks/train_throughput.py --objectives=mlm,maelm,3ml-cross
 ab old .gpu/old/benchmarks/train_throughput.py --objectives=mlm
 ab nobias benchmarks/train_throughput.py --objectives=mlm --config.model.relative_position_bias=False
 XLA_FLAGS=--xla_gpu_enable_command_buffer= ab profile benchmarks/train_throughput.py \
-    --objectives=mlm --profile_dir=/tmp/profile
-for d in /tmp/profile/*; do $PY -m maelm_jax.tools.profiling $d --top=12 >> $OUT_DIR/profile.txt 2>&1; done
+    --objectives=mlm --profile_dir=$SCRATCH/profile
+for d in $SCRATCH/profile/*; do $PY -m maelm_jax.tools.profiling $d --top=12 >> $OUT_DIR/profile.txt 2>&1; done
 tail -4 $OUT_DIR/profile.txt
 # Few files come back (8): all in one archive.
 (cd $OUT_DIR && tar -cJf ab.tar.xz *.json *.md *.log profile.txt && rm -f *.json *.md *.log profile.txt)

@@ -3,7 +3,7 @@ step consumes.
 
   python benchmarks/input_pipeline.py \
       --source='text:<data>/corpus/gutenberg/*.txt.xz' \
-      --tokenizer=/tmp/probe_tokenizer/tokenizer.model --seq_lens=128,512 --workers=0,1,2
+      --tokenizer=runs/probe_tokenizer/tokenizer.model --seq_lens=128,512 --workers=0,1,2
 
 For each length and `data.num_workers`, the real pretraining pipeline
 (`pipeline.make_pretrain_dataset`: shuffle, tokenize, pack, batch; worker

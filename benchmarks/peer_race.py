@@ -12,7 +12,7 @@ Three masked-LM train steps at one configuration, timed in one run on this CPU:
          `torch.set_num_threads(cores)`, the model's own loss (CrossEntropyLoss,
          ignore_index -100) over logits at every position.
 
-  benchmarks/peer_venv.sh                   # once: the peers' venv, /tmp/peer_venv
+  benchmarks/peer_venv.sh                   # once: the peers' venv, in the temporary dir
   .venv/bin/python benchmarks/peer_race.py  # float32 and bfloat16, dropout 0.1 and 0
   .venv/bin/python benchmarks/peer_race.py --dtypes=float32 --dropouts=0.1 --rounds=2 \
       --steps_per_round=2 --warmup_steps=1  # smoke test
@@ -66,7 +66,7 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_PEER_PYTHON = "/tmp/peer_venv/bin/python"
+DEFAULT_PEER_PYTHON = os.path.join(tempfile.gettempdir(), "peer_venv", "bin", "python")
 IMPLS = ("ours", "flax", "torch")
 LABELS = {"ours": "ours (`mlm`)", "flax": "HF FlaxRobertaForMaskedLM",
           "torch": "HF RobertaForMaskedLM (PyTorch)"}

@@ -3,7 +3,7 @@
 # run in: Hugging Face transformers' FlaxRobertaForMaskedLM and PyTorch's
 # RobertaForMaskedLM.
 #
-#   benchmarks/peer_venv.sh            # /tmp/peer_venv
+#   benchmarks/peer_venv.sh            # ${TMPDIR:-/tmp}/peer_venv
 #   benchmarks/peer_venv.sh DIR
 #
 # jax and jaxlib are pinned to the versions of the repository's own venv
@@ -14,7 +14,7 @@
 # Idempotent: an existing venv is reused, and pip leaves satisfied pins alone.
 set -euo pipefail
 
-DIR="${1:-/tmp/peer_venv}"
+DIR="${1:-${TMPDIR:-/tmp}/peer_venv}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OURS="${OURS_PYTHON:-$REPO/.venv/bin/python}"
 TRANSFORMERS_VERSION=4.57.6

@@ -4,7 +4,7 @@ accelerator, then run that same compiled step and time it.
   # on a GPU
   python benchmarks/roofline_check.py --config=configs/pretrain.py:objective=mlm,size=base \
       --set=seq_len=512 --set=batch_size=128 --set=model.dtype=bfloat16 \
-      --set=model.scan_layers=True --json=/tmp/roofline.json
+      --set=model.scan_layers=True --json=runs/roofline.json
   # the plumbing on a CPU, with a named chip's constants (the numbers mean nothing)
   python benchmarks/roofline_check.py --config=configs/pretrain.py:objective=mlm,size=tiny \
       --set=seq_len=64 --set=batch_size=8 --chip=H100
@@ -161,6 +161,7 @@ def main(argv=None) -> int:
         + (f"{row['measured_peak_bytes'] / 1e9:.2f} GB" if row["measured_peak_bytes"]
            else "not reported"), flush=True)
   if args.json:
+    pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "a") as f:
       f.write(json.dumps(row) + "\n")
   return 0

@@ -19,7 +19,7 @@ bound was measured.
 
   python benchmarks/shared_bias_bound.py --sizes=base --seq_lens=512 --objectives=mlm \
       --dtype=bfloat16 --attention_impls=auto --scan_layers --dropout=0 \
-      --tokens_per_batch=65536 --json=/tmp/shared.json --out=/tmp/shared.md
+      --tokens_per_batch=65536 --json=runs/shared.json --out=runs/shared.md
 """
 
 import math

@@ -1,6 +1,6 @@
 r"""Hours of running: does a long run leak memory or slow down?
 
-  python benchmarks/soak.py --workdir=/tmp/soak --steps=5000 --plot=docs/soak.png \
+  python benchmarks/soak.py --workdir=runs/soak --steps=5000 --plot=docs/soak.png \
       --json=benchmarks/results/soak/soak.json
   python benchmarks/soak.py --replot=benchmarks/results/soak/soak.json \
       --plot=docs/soak.png   # summary and plot again
@@ -33,6 +33,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -73,7 +74,7 @@ def rss_mb(pid: int) -> float:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", default="/tmp/soak")
+  parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "soak"))
   parser.add_argument("--steps", type=int, default=5000)
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--source", default="pydoc:")
@@ -135,7 +136,7 @@ def main() -> None:
       sys.exit(f"{flag}={path} exists already (a soak's figures); give another path")
     path.parent.mkdir(parents=True, exist_ok=True)
   started = time.time()
-  with open(os.path.join("/tmp", f"soak_{os.getpid()}.log"), "w") as log:
+  with open(os.path.join(tempfile.gettempdir(), f"soak_{os.getpid()}.log"), "w") as log:
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log, env=env)
   metrics = pathlib.Path(workdir_lib.metrics_path(args.workdir))
   rows, seen = [], 0

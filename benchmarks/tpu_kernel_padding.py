@@ -11,7 +11,7 @@ attention per call site, memory per chip, FLOPs and the roofline estimate.
 
     pip install -e '.[tpu]'
     python benchmarks/tpu_kernel_padding.py --topology=v5e:2x2 --size=base \
-        --batch_size=64 --out=/tmp/kernel_padding.json
+        --batch_size=64 --out=runs/kernel_padding.json
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def main():
             f"est. {row['estimated_step_seconds'] * 1e3:.1f} ms/step "
             f"(bound by {row['bound_by']}), MFU {row['estimated_mfu']:.1%}", flush=True)
   if args.out:
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
       json.dump({"args": vars(args), "rows": rows}, f, indent=2)
 

@@ -15,8 +15,8 @@ most expensive op kinds it prints and writes beside the table, `maelm_jax.tools.
 
   python benchmarks/train_throughput.py --sizes=small,base --seq_lens=128,512 \
       --objectives=mlm,maelm,3ml-cross --dtype=bfloat16 --attention_impls=xla,auto \
-      --scan_layers --dropout=0 --tokens_per_batch=65536 --profile_dir=/tmp/profile \
-      --out=benchmarks/RESULTS_accelerator.md --json=/tmp/throughput.json
+      --scan_layers --dropout=0 --tokens_per_batch=65536 --profile_dir=runs/profile \
+      --out=benchmarks/RESULTS_accelerator.md --json=runs/throughput.json
 
 Method:
   * vocabulary 8192 (as the HF/PyTorch peers in the design notes);
@@ -442,6 +442,7 @@ def finish_rows(rows, info, peak, ceiling) -> None:
 
 
 def write_json(path: str, payload: dict) -> None:
+  pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(payload, f, indent=2)

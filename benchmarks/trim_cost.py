@@ -1,7 +1,7 @@
 r"""What handing freed pages back (glibc's malloc_trim) costs a training run.
 
-  python benchmarks/trim_cost.py --interval_s=0  --workdir=/tmp/trim0   # every record
-  python benchmarks/trim_cost.py --interval_s=30 --workdir=/tmp/trim30  # as run_session
+  python benchmarks/trim_cost.py --interval_s=0  --workdir=runs/trim0   # every record
+  python benchmarks/trim_cost.py --interval_s=30 --workdir=runs/trim30  # as run_session
 
 Trains `tiny` MAE-LM in this process (CPython's docs, batch 16 x 128, a record
 every step, a checkpoint every 100) with `host_memory.FreePageReleaser` set to

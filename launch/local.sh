@@ -30,7 +30,7 @@
 #
 # Example (2 "hosts" x 4 CPU devices, then the same again to resume):
 #   launch/local.sh --num_processes=2 --devices_per_process=4 -- \
-#       --config=configs/pretrain.py:objective=maelm,size=tiny --workdir=/tmp/run \
+#       --config=configs/pretrain.py:objective=maelm,size=tiny --workdir=runs/run \
 #       --config.data.num_streams=8
 set -uo pipefail
 

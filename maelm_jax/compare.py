@@ -3,7 +3,7 @@ config at equal compute, fine-tune each encoder, measure its effective rank,
 and write one table and one figure.
 
   python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=20 \
-      --out=/tmp/compare --glue_dir=<data>/glue \
+      --out=runs/compare --glue_dir=<data>/glue \
       --config.data.source='text:<data>/corpus/gutenberg/*.txt.xz'
 
 Steps (each resumable: the same command skips what is done and checks that what

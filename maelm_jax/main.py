@@ -94,7 +94,7 @@ def main() -> None:
 PRETRAIN_HELP = """Pretrains a masked-language-model encoder (MAE-LM, 3ML or MLM).
 
   maelm-pretrain --config=configs/pretrain.py:objective=maelm,size=tiny \\
-      --workdir=/tmp/maelm --config.data.source='text:/data/*.txt'
+      --workdir=runs/maelm --config.data.source='text:/data/*.txt'
 
 The same command resumes a stopped run. Guide: docs/pretraining-and-data.md;
 fine-tuning: maelm-finetune --help.
@@ -102,10 +102,10 @@ fine-tuning: maelm-finetune --help.
 
 FINETUNE_HELP = """Fine-tunes a pretrained encoder on GLUE or SQuAD.
 
-  maelm-finetune --config=configs/glue.py:task=sst2 --workdir=/tmp/sst2 \\
-      --config.init_from=/tmp/maelm --config.data.dir=/data/glue/SST-2
-  maelm-finetune --config=configs/squad.py:version=1.1 --workdir=/tmp/squad \\
-      --config.init_from=/tmp/maelm \\
+  maelm-finetune --config=configs/glue.py:task=sst2 --workdir=runs/sst2 \\
+      --config.init_from=runs/maelm --config.data.dir=/data/glue/SST-2
+  maelm-finetune --config=configs/squad.py:version=1.1 --workdir=runs/squad \\
+      --config.init_from=runs/maelm \\
       --config.data.train_file=/data/squad/train-v1.1.json \\
       --config.data.eval_file=/data/squad/dev-v1.1.json
 

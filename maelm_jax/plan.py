@@ -5,7 +5,7 @@ memory and how fast it should run, before the slice is paid for.
     pip install -e '.[tpu]'   # libtpu, from PyPI (Linux x86-64)
     python -m maelm_jax.plan --config=configs/pretrain.py:objective=maelm,size=base \
         --topology=v5e:4x4 --config.mesh_shape='(4,4,1)' --config.batch_size=256 \
-        --config.seq_len=512 --out=/tmp/plan
+        --config.seq_len=512 --out=runs/plan
 
 The same for a fine-tuning step (its model is the `init_from` run's, or a size):
     python -m maelm_jax.plan --config=configs/glue.py:task=sst2 --size=base \
@@ -46,9 +46,9 @@ import time
 # local TPU (slow, and noisy) before falling back to the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-# libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so that two processes
-# never drive one TPU; a plan drives none, and plans run side by side (tests,
-# a table of plans, a launcher beside a notebook).
+# libtpu takes a machine-wide lock (a libtpu_lockfile in the system's temporary
+# directory) so that two processes never drive one TPU; a plan drives none, and
+# plans run side by side (tests, a table of plans, a launcher beside a notebook).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from absl import flags  # noqa: E402

@@ -1,7 +1,7 @@
 r"""Pretraining sweeps declared in config files, run one after another or launched.
 
   python -m maelm_jax.sweep --config=configs/compare.py:size=tiny,tflops=30 \
-      --sweep_dir=/tmp/compare/pretrain --config.data.source='text:/data/*.txt'
+      --sweep_dir=runs/compare/pretrain --config.data.source='text:/data/*.txt'
   python -m maelm_jax.sweep --config=configs/compare.py --sweep_dir=/mnt/shared/cmp \
       --launch=tpu_pod         # prints one launch command per run, runs nothing
 

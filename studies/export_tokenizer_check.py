@@ -1,7 +1,7 @@
 r"""Does the exported fast tokenizer give the project's ids? Counts, on real text,
 the lines where `export_hf.fast_tokenizer` and SentencePiece disagree.
 
-  python studies/export_tokenizer_check.py --tokenizer=/tmp/run/tokenizer.model
+  python studies/export_tokenizer_check.py --tokenizer=runs/run/tokenizer.model
 
 Text: the first 3,000 lines of six of the Gutenberg books and the SST-2 dev
 sentences in the shared/data folder beside the checkout (when present), and every

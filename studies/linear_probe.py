@@ -15,7 +15,7 @@ other, weighted 1/distance, context counts smoothed ^0.75, truncated SVD) counte
 on those files with the first workdir's tokenizer, next to random vectors of the
 same size.
 
-  python studies/linear_probe.py /tmp/helps/pretrain_maelm /tmp/helps/random_init_maelm
+  python studies/linear_probe.py runs/helps/pretrain_maelm runs/helps/random_init_maelm
   python studies/linear_probe.py W --corpus_baseline='<data>/corpus/gutenberg/*.txt.xz'
 """
 

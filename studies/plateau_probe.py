@@ -15,8 +15,8 @@ Settings: `configs/pretrain.py` (`--config_arg`, default the fast recipe), batch
 fp32 (faster than bf16 on CPU), every `--config.KEY=VALUE` applied on top (as
 `python -m maelm_jax.main` takes them; records before 2026-11-27 name them `--set`). One
 8000-piece tokenizer is trained on the books once (`--tokenizer`) and shared by
-every probe, so their numbers are comparable. The run goes to /tmp/probe_<name>;
-each eval line is also appended to `--out` as JSON.
+every probe, so their numbers are comparable. The run goes to probe_<name> in the
+system's temporary directory; each eval line is also appended to `--out` as JSON.
 """
 
 import argparse
@@ -24,6 +24,7 @@ import json
 import pathlib
 import shutil
 import sys
+import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -60,11 +61,16 @@ def train_flops_per_step(workdir: pathlib.Path) -> float:
   return flops.train_flops_per_step(cfg, config.seq_len, config.batch_size)
 
 
+def probe_workdir(name: str) -> pathlib.Path:
+  """Where probe `name` runs: scratch, started afresh by each probe."""
+  return pathlib.Path(tempfile.gettempdir()) / f"probe_{name}"
+
+
 def flops_per_step_of(name: str, rows) -> float:
   """Training FLOPs per step of probe `name`: as recorded in its results, else from
   its workdir (results written before the figure was recorded)."""
   recorded = rows[-1].get("train_flops_per_step")
-  return recorded if recorded else train_flops_per_step(pathlib.Path(f"/tmp/probe_{name}"))
+  return recorded if recorded else train_flops_per_step(probe_workdir(name))
 
 
 def plot(results: str, names: list[str], path: str,
@@ -158,8 +164,8 @@ def main():
   p.add_argument("--config_arg", default="objective=maelm,size=tiny",
                  help="the configs/pretrain.py argument, e.g. objective=mlm,recipe=paper")
   p.add_argument("--source", default=f"text:{BOOKS}/*.txt.xz")
-  p.add_argument("--tokenizer", default="/tmp/probe_tokenizer/tokenizer.model")
-  p.add_argument("--out", default="/tmp/probe_results.jsonl")
+  p.add_argument("--tokenizer", default="runs/probe_tokenizer/tokenizer.model")
+  p.add_argument("--out", default="runs/probe_results.jsonl")
   p.add_argument("--plot", default="",
                  help="only draw the probes --names from --out into this PNG and "
                  "print their table")
@@ -186,12 +192,13 @@ def main():
   config.eval_batches = 10
   for key, value in overrides:
     config_lib.typed_set(config, key, value)
-  workdir = pathlib.Path(f"/tmp/probe_{args.name}")
+  workdir = probe_workdir(args.name)
   shutil.rmtree(workdir, ignore_errors=True)
   start = time.time()
   train.train_and_evaluate(config, str(workdir))
-  # Recorded with the results, so the table and plot need no workdir in /tmp.
+  # Recorded with the results, so the table and plot need no temporary workdir.
   per_step = train_flops_per_step(workdir)
+  pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   with open(args.out, "a") as out:
     for record in workdir_lib.read_metrics(str(workdir)):
       if "eval/mask_loss" in record:

@@ -56,7 +56,7 @@ TASKS = ("sst2", "qnli", "cola")
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--workdir", default="/tmp/maelm_pretraining_helps")
+  p.add_argument("--workdir", default="runs/pretraining_helps")
   p.add_argument("--pretrain_workdir", default="",
                  help="default: <workdir>/pretrain_<objective>")
   p.add_argument("--objective", default="maelm", choices=("mlm", "maelm", "3ml"))

@@ -10,7 +10,7 @@ sentence detokenized (`detokenize_ptb`), labels and order unchanged, for
 `--config.data.dir`:
 
   python studies/sst2_detokenized.py --glue_dir=<data>/glue \
-      --out=/tmp/detok/glue          # writes /tmp/detok/glue/SST-2/{train,dev}.tsv
+      --out=runs/detok/glue          # writes runs/detok/glue/SST-2/{train,dev}.tsv
 
 Measured in studies/pretraining-on-the-books.md ("Why SST-2 does not gain"): the gain over
 random initialisation moves from -0.2 to +0.8, both scores fall, so the fine-tuning

@@ -8,8 +8,8 @@ Nothing else changes, so the difference is what distributional word vectors of
 the corpus give fine-tuning: an upper bound on what a pretrained encoder's
 embedding table alone can add at this size and data.
 
-  python studies/word_vector_init.py --init=/tmp/helps/random_init_maelm \
-      --glue_dir=/tmp/helps/glue --out=/tmp/word_vector_init
+  python studies/word_vector_init.py --init=runs/helps/random_init_maelm \
+      --glue_dir=runs/helps/glue --out=runs/word_vector_init
 
 Same fine-tuning protocol as `pretraining_helps.py --finetune_lr=1e-3
 --finetune_config.pooling=mean` (SST-2: 8,000 training sentences, 2 epochs,

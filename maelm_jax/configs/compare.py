@@ -2,10 +2,10 @@ r"""The papers' comparison as a sweep: MLM vs MAE-LM vs 3ML (self- and
 cross-attention decoder) at equal pretraining compute, plus 3ML at 78% of it.
 
   python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=20 \
-      --out=/tmp/compare --glue_dir=/data/glue \
+      --out=runs/compare --glue_dir=/data/glue \
       --config.data.source='text:/data/books/*.txt'
   python -m maelm_jax.sweep --config=configs/compare.py:size=tiny,tflops=20 \
-      --sweep_dir=/tmp/compare/pretrain [--launch=tpu_pod]   # pretraining only
+      --sweep_dir=runs/compare/pretrain [--launch=tpu_pod]   # pretraining only
 
 Arguments: size (tiny), recipe (fast), tflops (each run's pretraining budget in
 TFLOPs: total_flops, so each objective's step count follows from its own cost
@@ -24,7 +24,7 @@ MAE-LM's best rate there), as measured in studies/objectives-at-equal-compute.md
 "At 8 encoder layers":
 
   python -m maelm_jax.compare --config=configs/compare.py:size=tiny,tflops=80,seeds=0,\
-objectives=mlm+maelmx+3mlx,frac_3ml=0,random=1 --out=/tmp/compare8 --glue_dir=/data/glue \
+objectives=mlm+maelmx+3mlx,frac_3ml=0,random=1 --out=runs/compare8 --glue_dir=/data/glue \
       --config.data.source='text:/data/books/*.txt' --config.model.num_layers=8 \
       --config.learning_rate=1e-3 --config.model.tie_embeddings=False
 

@@ -1,8 +1,8 @@
 r"""GLUE fine-tuning of a pretrained encoder (any maelm_jax pretraining workdir).
 
   python -m maelm_jax.main --config=configs/glue.py:task=rte \
-      --config.init_from=/tmp/maelm_base --config.data.dir=/data/glue/RTE \
-      --workdir=/tmp/glue_rte
+      --config.init_from=runs/maelm_base --config.data.dir=/data/glue/RTE \
+      --workdir=runs/glue_rte
 
 Tasks: cola sst2 mrpc stsb qqp mnli qnli rte wnli. Choose the task in the config
 argument (`:task=mnli`) so that its defaults below apply. `data.dir` may be the

@@ -2,7 +2,7 @@ r"""Pretraining: MLM, MAE-LM or 3ML encoders at any size.
 
 Run (embedded default corpus, the English docs that ship with CPython):
   python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=tiny \
-      --workdir=/tmp/maelm_tiny
+      --workdir=runs/maelm_tiny
 
 Your own text or a tfds corpus:
   --config.data.source='text:/data/books/*.txt,/data/web/*.jsonl.gz'

@@ -1,9 +1,9 @@
 r"""SQuAD v1.1 / v2.0 fine-tuning of a pretrained encoder.
 
   python -m maelm_jax.main --config=configs/squad.py:version=1.1 \
-      --config.init_from=/tmp/maelm_base \
+      --config.init_from=runs/maelm_base \
       --config.data.train_file=/data/squad/train-v1.1.json \
-      --config.data.eval_file=/data/squad/dev-v1.1.json --workdir=/tmp/squad11
+      --config.data.eval_file=/data/squad/dev-v1.1.json --workdir=runs/squad11
 
 `--config.data.source=tfds` reads tfds `squad/v1.1` or `squad/v2.0` instead of the
 JSON files. Writes `predictions.json` (question id -> answer, the official

@@ -1,6 +1,6 @@
 r"""Effective rank of an encoder's token representations, layer by layer.
 
-  python -m maelm_jax.evaluate.analyze --workdir=/tmp/mlm,/tmp/maelm --out=/tmp/rank \
+  python -m maelm_jax.evaluate.analyze --workdir=runs/mlm,runs/maelm --out=runs/rank \
       [--source='text:/data/*.txt'] [--num_tokens=4096] [--step=N]
 
 MAE-LM (Meng et al., ICLR 2024) argues that an MLM encoder spends dimensions on

@@ -1,7 +1,7 @@
 r"""BLiMP: grammar knowledge of a pretrained encoder, scored without fine-tuning.
 
-  python -m maelm_jax.evaluate.blimp --workdir=/tmp/run_mlm,/tmp/run_maelm \
-      --data=<data>/blimp --out=/tmp/blimp
+  python -m maelm_jax.evaluate.blimp --workdir=runs/run_mlm,runs/run_maelm \
+      --data=<data>/blimp --out=runs/blimp
 
 BLiMP (Warstadt et al., 2020) is a set of minimal pairs, a grammatical and an
 ungrammatical sentence that differ in one place; a model knows the phenomenon

@@ -2,10 +2,10 @@
 
     python -m maelm_jax.main --config=configs/glue.py:task=rte \
         --config.init_from=PRETRAIN_WORKDIR --config.data.dir=/data/glue/RTE \
-        --workdir=/tmp/rte
+        --workdir=runs/rte
     python -m maelm_jax.main --config=configs/squad.py:version=1.1 \
         --config.init_from=PRETRAIN_WORKDIR --config.data.train_file=train-v1.1.json \
-        --config.data.eval_file=dev-v1.1.json --workdir=/tmp/squad
+        --config.data.eval_file=dev-v1.1.json --workdir=runs/squad
 
 The tokenizer and the encoder (`token_embed`, `encoder`) come from the pretraining
 workdir; the MAE-LM/3ML decoder and the LM head are not loaded. A freshly

@@ -2,8 +2,8 @@ r"""Fine-tuning sweeps (tasks x learning rates x seeds) and the papers' report.
 
   python -m maelm_jax.finetune.sweep --config=configs/glue.py \
       --tasks=rte,mrpc,stsb,cola --learning_rates=1e-5,2e-5,3e-5 --seeds=1,2,3,4,5 \
-      --sweep_dir=/tmp/glue_sweep \
-      --config.init_from=/tmp/maelm_base --config.data.dir=/data/glue
+      --sweep_dir=runs/glue_sweep \
+      --config.init_from=runs/maelm_base --config.data.dir=/data/glue
 
 runs every combination one after another in this process, each in
 `<sweep_dir>/<task>/lr<lr>_seed<seed>/` (a finished run is skipped only when

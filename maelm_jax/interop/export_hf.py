@@ -1,6 +1,6 @@
 r"""Export a pretrained encoder as a Hugging Face transformers model directory.
 
-  python -m maelm_jax.interop.export_hf --workdir=/tmp/maelm_tiny --out=/tmp/maelm_tiny_hf
+  python -m maelm_jax.interop.export_hf --workdir=runs/maelm_tiny --out=runs/maelm_tiny_hf
   python -m maelm_jax.interop.export_hf --workdir=W --out=DIR --step=4000 --with_lm_head
 
 and then, in PyTorch (`pip install torch transformers`):

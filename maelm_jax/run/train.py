@@ -1,7 +1,7 @@
 """The pretraining loop: one readable function in banner sections (big_vision style).
 
     python -m maelm_jax.main --config=configs/pretrain.py:objective=maelm,size=tiny \
-        --workdir=/tmp/maelm
+        --workdir=runs/maelm
 
 A workdir is one run. Starting the same command again resumes it from its newest
 good checkpoint (params, optimizer, step, rng and data-iterator position), and the

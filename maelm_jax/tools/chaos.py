@@ -1,7 +1,7 @@
 r"""Fault injection: kill a small real run at random instants, then check that
 nothing was lost.
 
-  python -m maelm_jax.tools.chaos --out=/tmp/chaos --kills=50 --seed=0
+  python -m maelm_jax.tools.chaos --out=runs/chaos --kills=50 --seed=0
 
 For each of --runs (a tiny MAE-LM pretraining on CPython's docs, then a GLUE
 fine-tuning of it on a synthetic SST-2-format task), the harness

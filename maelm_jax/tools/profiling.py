@@ -1,7 +1,7 @@
 r"""Where a traced step's device time goes: XLA op time from a `jax.profiler` trace,
 grouped into a few kinds (matmuls, attention kernels, elementwise fusions, ...).
 
-  python -m maelm_jax.tools.profiling /tmp/profile/bfloat16_auto_base_512_mlm   # a trace dir
+  python -m maelm_jax.tools.profiling runs/profile/bfloat16_auto_base_512_mlm   # a trace dir
   python -m maelm_jax.tools.profiling DIR --top=10
 
 `benchmarks/train_throughput.py --profile_dir=D` records the traces and prints this
