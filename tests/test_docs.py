@@ -171,14 +171,16 @@ def test_no_words_of_how_the_work_was_organised():
 
 def test_no_tracked_file_outside_the_tests_cites_a_folder_a_reader_lacks():
   """`../shared/` and `/work/` are folders of the machines this was built on, not
-  of a reader: a command says `<data>` (the downloaded data) or `runs/` instead.
-  (Recorded environment values, such as a soak's LD_PRELOAD, are data, not paths
-  to follow.)"""
+  of a reader, and `/tmp/` is one that a reader's machine need not keep: a command
+  says `<data>` (the downloaded data) or `runs/` (relative to the checkout)
+  instead, and a default scratch path is `tempfile.gettempdir()`'s (in a shell
+  script, `${TMPDIR:-/tmp}`). (Recorded environment values, such as a soak's
+  LD_PRELOAD, are data, not paths to follow.)"""
   tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True,
                            text=True, check=False).stdout.split()
   if not tracked:
     pytest.skip("not a git checkout")
-  pattern = re.compile(r"\.\./shared/|(?<![\w.])/work/")
+  pattern = re.compile(r"\.\./shared/|(?<![\w.])/(?:work|tmp)/")
   hits = []
   for name in tracked:
     path = REPO / name
