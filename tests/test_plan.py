@@ -154,7 +154,9 @@ def test_a_config_that_cannot_fit_is_refused_with_a_knob_and_its_plan():
 def test_a_decaying_mask_rate_is_planned_at_both_ends_of_its_schedule():
   """mask_ratio_start=0.5 -> 0.15: one step per stage. The plan compiles the
   first stage too: MLM's head over 50% of the tokens holds more than over 15%."""
-  config = plan_config("mlm", seq_len=256, batch_size=32,
+  # 128, not 256: two compiles in 21.6 s against 29.0 (this test's config through
+  # plan.run, alone on the 2 cores).
+  config = plan_config("mlm", seq_len=128, batch_size=32,
                        **{"model.attention_dropout": 0.0, "mesh_shape": (1, 4, 1),
                           "model.mask_ratio_start": 0.5, "tokenizer.vocab_size": 32000})
   status, result, lines = plan.run(config, "v5e:2x2")
@@ -163,9 +165,9 @@ def test_a_decaying_mask_rate_is_planned_at_both_ends_of_its_schedule():
   assert (first["mask_ratio"], last["mask_ratio"]) == (0.5, 0.15)
   assert first["fits"] and last["fits"]
   assert last["bytes_per_chip"] == result["bytes_per_chip"]["total"]
-  # [B, K, V] float32 logits and their gradient: K 127 against 38 rows of 32000
-  # (measured: 357 MB against 102 MB a chip).
-  assert first["bytes_per_chip"] > last["bytes_per_chip"] + 100e6
+  # [B, K, V] float32 logits: K 63 against 19 of 32000 for each of 8 rows a chip,
+  # 45 MB more, and their gradient (measured: 133 MB against 57 MB a chip).
+  assert first["bytes_per_chip"] > last["bytes_per_chip"] + 45e6
   assert any(line.strip().startswith("mask rate    0.5") for line in lines)
 
 

@@ -33,20 +33,6 @@ def read_metrics(workdir):
     return [json.loads(line) for line in f]
 
 
-def test_short_pretraining_on_real_text_lowers_held_out_loss(tmp_path):
-  # log_every is no divisor of eval_every: every 10th step still evaluates.
-  config = small_run_config(total_steps=40, learning_rate=2e-3, warmup_steps=5,
-                            log_every=4)
-  train.train_and_evaluate(config, str(tmp_path))
-  evals = [r for r in read_metrics(tmp_path) if "eval/loss" in r]
-  assert [r["step"] for r in evals] == [10, 20, 30, 40]
-  # Untrained, the loss is about ln(600) = 6.4; it must fall well below that.
-  # Measured: 5.59 at step 10, 5.41 at step 40.
-  assert evals[-1]["eval/loss"] < evals[0]["eval/loss"] - 0.1
-  assert evals[-1]["eval/loss"] < 5.6
-  assert evals[-1]["eval/accuracy"] > 0.05
-
-
 def test_cli_end_to_end_writes_every_output(tmp_path):
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "maelm_jax.main",
@@ -270,8 +256,11 @@ def test_the_babylm_knobs_together_still_learn_on_real_text(tmp_path):
   decaying 0.3 -> 0.15 (in two stages: each stage is its own compiled step, and
   the stages' schedule is test_a_decaying_mask_rate_trains_each_stage...'s) and
   LAMB, in one run: the held-out loss falls (measured: 6.06 at step 10, 5.64 at
-  step 40; the plain recipe 5.59 and 5.41)."""
-  config = small_run_config(total_steps=40, learning_rate=1e-2, warmup_steps=5, **{
+  step 40, accuracy 8.2%; the plain recipe 5.59 and 5.41). log_every is no divisor of eval_every:
+  every 10th step still evaluates. (The plain recipe's own learning is
+  test_default_tiny_recipe_leaves_the_plateau_on_real_text's.)"""
+  config = small_run_config(total_steps=40, learning_rate=1e-2, warmup_steps=5,
+                            log_every=4, **{
       "model.mlp_activation": "geglu", "model.mlp": 344, "model.normformer": True,
       "model.mask_ratio_start": 0.3, "model.mask_ratio_stages": 2,
       "relative_updates": True})
@@ -279,6 +268,7 @@ def test_the_babylm_knobs_together_still_learn_on_real_text(tmp_path):
   evals = [r for r in read_metrics(tmp_path) if "eval/loss" in r]
   assert [r["step"] for r in evals] == [10, 20, 30, 40]
   assert evals[-1]["eval/loss"] < evals[0]["eval/loss"] - 0.2, evals
+  assert evals[-1]["eval/loss"] < 5.8 and evals[-1]["eval/accuracy"] > 0.05, evals
   saved = json.load(open(tmp_path / "config.json"))
   assert saved["model"]["mlp_activation"] == "geglu" and saved["relative_updates"]
   from maelm_jax.run import config_lib  # pylint: disable=g-import-not-at-top
