@@ -63,7 +63,6 @@ def tokenizer_file(tmp_path_factory):
 # parameter case included; `make test-quick` leaves them out. The twelve files
 # that start runs as processes are marked slow as a whole (their `pytestmark`).
 SLOW_TESTS = pathlib.Path(__file__).with_name("slow_tests.txt")
-FILE_COSTS = pathlib.Path(__file__).with_name("file_costs.txt")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -81,15 +80,6 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.nodeid.split("[")[0] in listed:
       item.add_marker(pytest.mark.slow)
-  # Files costliest first (file_costs.txt), each file's tests in their order:
-  # xdist's loadfile hands out files in this order, and the alphabetical one left
-  # test_plan.py to start late and run on alone (about 7% of the wall time).
-  costs = {}
-  for line in FILE_COSTS.read_text().splitlines():
-    fields = line.split("#")[0].split()
-    if len(fields) == 2:
-      costs[fields[0]] = float(fields[1])
-  items.sort(key=lambda item: -costs.get(item.nodeid.split("::")[0], 0.0))
 
 
 # MAELM_TEST_COMPILE_LOG=<file>: each test's count of XLA compiles and their
