@@ -113,8 +113,9 @@ def train_process(source: str, tokenizer: str, workdir: pathlib.Path,
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--wikipedia", default=str(
-      REPO.parent / "shared/data/corpus/wikipedia/*.jsonl.xz"))
+  parser.add_argument("--wikipedia", default="",
+                      help="glob of the downloaded Wikipedia shards, "
+                      "<data>/corpus/wikipedia/*.jsonl.xz")
   parser.add_argument("--scratch",
                       default=os.path.join(tempfile.gettempdir(), "corpus_scaling"))
   parser.add_argument("--tokenizer", required=True,
@@ -125,6 +126,9 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
   parser.add_argument("--steps", type=int, default=5)
   args = parser.parse_args()
+  if not args.wikipedia:
+    raise SystemExit("--wikipedia is required: a glob of the downloaded Wikipedia "
+                     "shards, '<data>/corpus/wikipedia/*.jsonl.xz'")
   scratch = pathlib.Path(args.scratch)
   scales = [int(s) for s in args.scales.split(",") if s]
   text_scales = [int(s) for s in args.text_scales.split(",") if s]

@@ -15,8 +15,12 @@ other, weighted 1/distance, context counts smoothed ^0.75, truncated SVD) counte
 on those files with the first workdir's tokenizer, next to random vectors of the
 same size.
 
-  python studies/linear_probe.py runs/helps/pretrain_maelm runs/helps/random_init_maelm
-  python studies/linear_probe.py W --corpus_baseline='<data>/corpus/gutenberg/*.txt.xz'
+  python studies/linear_probe.py --data=<data> runs/helps/pretrain_maelm \
+      runs/helps/random_init_maelm
+  python studies/linear_probe.py --data=<data> W \
+      --corpus_baseline='<data>/corpus/gutenberg/*.txt.xz'
+
+`--data` is the folder of the downloaded data: SST-2 in `<data>/glue/SST-2`.
 """
 
 import argparse
@@ -37,7 +41,8 @@ import numpy as np  # noqa: E402
 from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
 from maelm_jax.modeling import model as model_lib  # noqa: E402
 
-SST2 = REPO.parent / "shared" / "data" / "glue" / "SST-2"
+MISSING_DATA = ("--data is required: the folder of the downloaded data "
+                "(glue/SST-2)")
 
 
 def read(path, limit):
@@ -132,12 +137,17 @@ def corpus_documents(pattern: str, tokenizer):
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("workdirs", nargs="+")
+  p.add_argument("--data", default="",
+                 help="the folder of the downloaded data (glue/SST-2)")
   p.add_argument("--train", type=int, default=6000)
   p.add_argument("--corpus_baseline", default="",
                  help="glob of the pretraining text: add PPMI-SVD word vectors")
   args = p.parse_args()
-  train_x, train_y = read(SST2 / "train.tsv", args.train)
-  dev_x, dev_y = read(SST2 / "dev.tsv", None)
+  if not args.data:
+    raise SystemExit(MISSING_DATA)
+  sst2 = pathlib.Path(args.data) / "glue" / "SST-2"
+  train_x, train_y = read(sst2 / "train.tsv", args.train)
+  dev_x, dev_y = read(sst2 / "dev.tsv", None)
   if args.corpus_baseline:
     tokenizer = pretrained_lib.load_pretrained(args.workdirs[0],
                                             read_params=False).tokenizer

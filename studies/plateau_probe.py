@@ -2,10 +2,10 @@ r"""Pretraining probes on the 31 Gutenberg books: does a recipe leave the unigra
 plateau, and when? Prints held-out `[MASK]`-only loss/accuracy every
 `--eval_every` steps next to the run's unigram and bigram baselines.
 
-  python studies/plateau_probe.py --name=maelm_fast --config_arg=objective=maelm
-  python studies/plateau_probe.py --name=mlm_normal_init \
+  python studies/plateau_probe.py --data=<data> --name=maelm_fast --config_arg=objective=maelm
+  python studies/plateau_probe.py --data=<data> --name=mlm_normal_init \
       --config_arg=objective=mlm --config.model.relative_bias_init=normal
-  python studies/plateau_probe.py --name=maelm_paper \
+  python studies/plateau_probe.py --data=<data> --name=maelm_paper \
       --config_arg=objective=maelm,recipe=paper
 
   python studies/plateau_probe.py --plot=docs/plateau_recipes.png \
@@ -13,7 +13,9 @@ plateau, and when? Prints held-out `[MASK]`-only loss/accuracy every
 
 Settings: `configs/pretrain.py` (`--config_arg`, default the fast recipe), batch 32 x 128,
 fp32 (faster than bf16 on CPU), every `--config.KEY=VALUE` applied on top (as
-`python -m maelm_jax.main` takes them; records before 2026-11-27 name them `--set`). One
+`python -m maelm_jax.main` takes them; records before 2026-11-27 name them `--set`). The
+text: `--source`, default the books in `<data>/corpus/gutenberg` (`--data`, the folder
+of the downloaded data; not needed with `--source` or `--plot`). One
 8000-piece tokenizer is trained on the books once (`--tokenizer`) and shared by
 every probe, so their numbers are comparable. The run goes to probe_<name> in the
 system's temporary directory; each eval line is also appended to `--out` as JSON.
@@ -35,7 +37,8 @@ from maelm_jax.data import pipeline, sources, tokenizer as tokenizer_lib  # noqa
 from maelm_jax.run import config_lib, train  # noqa: E402
 from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 
-BOOKS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
+MISSING_DATA = ("--data is required: the folder of the downloaded data "
+                "(corpus/gutenberg), or give --source")
 
 
 def books_tokenizer(path: pathlib.Path, source_spec: str, vocab_size: int) -> str:
@@ -163,7 +166,10 @@ def main():
   p.add_argument("--eval_every", type=int, default=200)
   p.add_argument("--config_arg", default="objective=maelm,size=tiny",
                  help="the configs/pretrain.py argument, e.g. objective=mlm,recipe=paper")
-  p.add_argument("--source", default=f"text:{BOOKS}/*.txt.xz")
+  p.add_argument("--data", default="",
+                 help="the folder of the downloaded data (corpus/gutenberg)")
+  p.add_argument("--source", default="",
+                 help="default: text:<data>/corpus/gutenberg/*.txt.xz")
   p.add_argument("--tokenizer", default="runs/probe_tokenizer/tokenizer.model")
   p.add_argument("--out", default="runs/probe_results.jsonl")
   p.add_argument("--plot", default="",
@@ -178,6 +184,11 @@ def main():
     plot(args.out, args.names.split(","), args.plot, args.title)
     print(table(args.out, args.names.split(",")))
     return
+  if not args.source:
+    if not args.data:
+      raise SystemExit(MISSING_DATA)
+    books = pathlib.Path(args.data) / "corpus" / "gutenberg"
+    args.source = f"text:{books}/*.txt.xz"
   config = pretrain.get_config(args.config_arg)
   config.unlock()
   config.data.source = args.source

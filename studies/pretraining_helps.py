@@ -2,9 +2,12 @@ r"""Does pretraining here help downstream? A tiny encoder pretrained on the 31
 Gutenberg books against the same architecture from random initialisation, on
 SST-2, QNLI and CoLA, medians over fine-tuning seeds.
 
-  python studies/pretraining_helps.py                       # ~90 min on 2 cores
-  python studies/pretraining_helps.py --objective=mlm --pretrain_steps=6000
-  python studies/pretraining_helps.py --dry_run             # smoke test, ~3 min
+  python studies/pretraining_helps.py --data=<data>                  # ~90 min on 2 cores
+  python studies/pretraining_helps.py --data=<data> --objective=mlm --pretrain_steps=6000
+  python studies/pretraining_helps.py --data=<data> --dry_run        # smoke test, ~3 min
+
+`<data>` is the folder of the downloaded data: the books in
+`<data>/corpus/gutenberg/*.txt.xz` and GLUE's SST-2, CoLA and QNLI in `<data>/glue`.
 
 Steps (everything through the project's public entry points):
   1. pretrain: `python -m maelm_jax.main --config=configs/pretrain.py:objective=...`
@@ -17,7 +20,7 @@ Steps (everything through the project's public entry points):
      `--seeds`, the same hyper-parameters for both:
        SST-2: a fixed random `--sst2_examples` subset of train, all 872 dev
               sentences scored;
-       QNLI:  its train set is not in the shared data, so a fixed random half of
+       QNLI:  its train set is not in `<data>`, so a fixed random half of
               QNLI dev (2,731 pairs) trains and the other half (2,732) is scored;
        CoLA:  all of train, all of dev (Matthews correlation);
   4. report the median over seeds of each run's *last* epoch (no selection on the
@@ -25,8 +28,8 @@ Steps (everything through the project's public entry points):
 
 Writes its section of `--results` (default studies/pretraining-on-the-books.md,
 between `<!-- pretraining_helps:start -->` and `<!-- pretraining_helps:end -->`) and
-`summary.json` in `--workdir`. Needs
-the shared/data folder beside the checkout (not part of the project).
+`summary.json` in `--workdir`. Needs `--data`, the downloaded data (not part of the
+project).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ sys.path.insert(0, str(REPO))
 from maelm_jax.core import workdir as workdir_lib  # noqa: E402
 from maelm_jax.run import config_lib  # noqa: E402
 
-SHARED = REPO.parent / "shared" / "data"
+MISSING_DATA = ("--data is required: the folder of the downloaded data "
+                "(corpus/gutenberg, glue/SST-2, glue/CoLA, glue/QNLI)")
 START, END = "<!-- pretraining_helps:start -->", "<!-- pretraining_helps:end -->"
 TASKS = ("sst2", "qnli", "cola")
 
@@ -61,7 +65,10 @@ def parse_args(argv=None):
                  help="default: <workdir>/pretrain_<objective>")
   p.add_argument("--objective", default="maelm", choices=("mlm", "maelm", "3ml"))
   p.add_argument("--pretrain_steps", type=int, default=6000)
-  p.add_argument("--corpus", default=f"text:{SHARED}/corpus/gutenberg/*.txt.xz")
+  p.add_argument("--data", default="",
+                 help="the folder of the downloaded data (corpus/gutenberg, glue/)")
+  p.add_argument("--corpus", default="",
+                 help="default: text:<data>/corpus/gutenberg/*.txt.xz")
   p.add_argument("--tokenizer", default="",
                  help="a tokenizer.model to use (default: train one on the books)")
   p.epilog = ("Also --config.KEY=VALUE (the pretraining config, e.g. "
@@ -90,6 +97,11 @@ def parse_args(argv=None):
   except (KeyError, ValueError) as error:
     p.error(str(error.args[0]))
   args = p.parse_args(argv)
+  if not args.data:
+    raise SystemExit(MISSING_DATA)
+  # Absolute: the runs start in the checkout and glue/ links to it.
+  args.data = str(pathlib.Path(args.data).expanduser().resolve())
+  args.corpus = args.corpus or f"text:{args.data}/corpus/gutenberg/*.txt.xz"
   # As the results record them: KEY=VALUE.
   args.override = [f"{k}={v}" for k, v in pretrain_overrides]
   args.finetune_override = [f"{k}={v}" for k, v in finetune_overrides]
@@ -131,22 +143,22 @@ def pretrain(args, workdir: str, steps: int, extra: list[str]) -> dict:
   return evals[-1] if evals else {}
 
 
-def qnli_halves(glue_root: pathlib.Path) -> None:
+def qnli_halves(glue_root: pathlib.Path, data: pathlib.Path) -> None:
   """QNLI dev split in two fixed halves: train.tsv and dev.tsv of a GLUE dir."""
   from maelm_jax import compare  # pylint: disable=g-import-not-at-top
-  compare.split_in_halves(str(SHARED / "glue" / "QNLI" / "dev.tsv"),
+  compare.split_in_halves(str(data / "glue" / "QNLI" / "dev.tsv"),
                           str(glue_root / "QNLI"))
 
 
-def glue_root(workdir: str) -> str:
+def glue_root(workdir: str, data: pathlib.Path) -> str:
   root = pathlib.Path(workdir) / "glue"
   root.mkdir(parents=True, exist_ok=True)
   for task in ("SST-2", "CoLA"):
     link = root / task
     if not link.exists():
-      link.symlink_to(SHARED / "glue" / task)
+      link.symlink_to(data / "glue" / task)
   if not (root / "QNLI" / "dev.tsv").exists():
-    qnli_halves(root)
+    qnli_halves(root, data)
   return str(root)
 
 
@@ -179,7 +191,7 @@ def main(argv=None):
   args = parse_args(argv)
   started, wall = datetime.datetime.now(), time.perf_counter()
   os.makedirs(args.workdir, exist_ok=True)
-  data_dir = glue_root(args.workdir)
+  data_dir = glue_root(args.workdir, pathlib.Path(args.data))
 
   t0 = time.perf_counter()
   pretrained = pretrain(args, args.pretrain_workdir, args.pretrain_steps,

@@ -1,11 +1,14 @@
 r"""The figures behind studies/does-pretraining-pay.md and studies/fine-tuning-protocol.md
 that are not a run's output.
 
-  python studies/study_diagnostics.py corpus     # read time, peak RSS, tokenizer sample mix
-  python studies/study_diagnostics.py weights --pretrained=W --step=3000 --control=C
-  python studies/study_diagnostics.py blimp_nats --workdir=W
-  python studies/study_diagnostics.py transplant --pretrained=W --step=3000 \
+  python studies/study_diagnostics.py corpus --data=<data>  # read time, peak RSS, tokenizer sample mix
+  python studies/study_diagnostics.py weights --data=<data> --pretrained=W --step=3000 --control=C
+  python studies/study_diagnostics.py blimp_nats --data=<data> --workdir=W
+  python studies/study_diagnostics.py transplant --data=<data> --pretrained=W --step=3000 \
       --control=C --cut=2000 --sweep_dir=DIR
+
+`--data` is the folder of the downloaded data (`<data>/corpus/wikipedia`,
+`<data>/corpus/imdb`, `<data>/glue`, `<data>/blimp`), which every command reads.
 
 corpus      the shared Wikipedia + IMDB spec: seconds and peak RSS to open both
             splits, and the share of the tokenizer's training sample (and of the
@@ -33,17 +36,19 @@ import numpy as np  # noqa: E402
 
 from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
 
-DATA = REPO.parent / "shared" / "data"
-SPEC = (f"text:{DATA}/corpus/wikipedia/*.jsonl.xz,{DATA}/corpus/imdb/*.jsonl.xz")
+MISSING_DATA = ("--data is required: the folder of the downloaded data "
+                "(corpus/wikipedia, corpus/imdb, glue/SST-2, blimp)")
 IMDB_DOCUMENTS = 50_000  # imdb/ sorts before wikipedia/: corpus indices 0..49,999.
 
 
-def corpus(_):
+def corpus(args):
   import grain  # pylint: disable=g-import-not-at-top
   from maelm_jax.data import sources  # pylint: disable=g-import-not-at-top
+  data = pathlib.Path(args.data)  # The shared Wikipedia + IMDB corpus:
+  corpus_spec = f"text:{data}/corpus/wikipedia/*.jsonl.xz,{data}/corpus/imdb/*.jsonl.xz"
   start = time.perf_counter()
-  train = sources.open_source(SPEC, "train")
-  sources.open_source(SPEC, "eval")
+  train = sources.open_source(corpus_spec, "train")
+  sources.open_source(corpus_spec, "eval")
   print(f"both splits open in {time.perf_counter() - start:.1f}s, peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
   stride = sources.held_out_stride(0.01)
@@ -90,7 +95,7 @@ def weights(args):
     cos = unit[ids] @ unit[ids].T
     print(f"ids {low}-{high}: mean pairwise cosine {(cos.sum() - 300) / (300 * 299):.3f}")
   tokenizer = tokenizer_lib.Tokenizer(f"{args.pretrained}/tokenizer.model")
-  with open(DATA / "glue" / "SST-2" / "train.tsv") as f:
+  with open(pathlib.Path(args.data) / "glue" / "SST-2" / "train.tsv") as f:
     rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:4001]
   ids = np.concatenate([np.asarray(x) for x in tokenizer.encode([r[0] for r in rows])])
   print(f"SST-2 (first 4,000 training sentences): {len(ids):,} tokens, "
@@ -99,7 +104,7 @@ def weights(args):
 
 def blimp_nats(args):
   from maelm_jax.evaluate import blimp  # pylint: disable=g-import-not-at-top
-  pairs = blimp.read_pairs(str(DATA / "blimp"), 10)
+  pairs = blimp.read_pairs(str(pathlib.Path(args.data) / "blimp"), 10)
   run = blimp.load_run(args.workdir, None)
   rows = blimp.sentence_ids(run.tokenizer, [p.good for p in pairs])
   packed = [np.asarray([2] + [t for r in rows[i:i + 8] for t in [*r[1:-1], 3]],
@@ -128,7 +133,8 @@ def transplant(args):
 
   pretrained_lib.read_pretrained_params = swapped  # The fine-tuning loop reads it here.
   overrides = {"init_from": args.pretrained, "init_step": args.step,
-               "data.dir": str(DATA / "glue"), "dtype": "float32", "batch_size": 32,
+               "data.dir": str(pathlib.Path(args.data) / "glue"), "dtype": "float32",
+               "batch_size": 32,
                "pooling": "mean", "num_epochs": 2, "max_seq_len": 64,
                "data.max_train_examples": 4000, "log_every": 25}
   sweep.run_grid(sweep.grid_configs(str(REPO / "configs" / "glue.py"), ["sst2"],
@@ -145,7 +151,12 @@ def main():
   parser.add_argument("--step", type=int, default=None)
   parser.add_argument("--cut", type=int, default=2000)
   parser.add_argument("--sweep_dir")
+  parser.add_argument("--data", default="",
+                      help="the folder of the downloaded data (corpus/wikipedia, "
+                      "corpus/imdb, glue/, blimp/)")
   args = parser.parse_args()
+  if not args.data:
+    raise SystemExit(MISSING_DATA)
   globals()[args.what](args)
 
 

@@ -8,8 +8,11 @@ Nothing else changes, so the difference is what distributional word vectors of
 the corpus give fine-tuning: an upper bound on what a pretrained encoder's
 embedding table alone can add at this size and data.
 
-  python studies/word_vector_init.py --init=runs/helps/random_init_maelm \
+  python studies/word_vector_init.py --data=<data> --init=runs/helps/random_init_maelm \
       --glue_dir=runs/helps/glue --out=runs/word_vector_init
+
+The pretraining text: `--corpus`, default the books in
+`<data>/corpus/gutenberg/*.txt.xz` (`--data`, the folder of the downloaded data).
 
 Same fine-tuning protocol as `pretraining_helps.py --finetune_lr=1e-3
 --finetune_config.pooling=mean` (SST-2: 8,000 training sentences, 2 epochs,
@@ -35,7 +38,8 @@ import linear_probe  # noqa: E402
 from maelm_jax.run import pretrained as pretrained_lib  # noqa: E402
 from maelm_jax.finetune import run  # noqa: E402
 
-BOOKS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg" / "*.txt.xz"
+MISSING_DATA = ("--data is required: the folder of the downloaded data "
+                "(corpus/gutenberg), or give --corpus")
 
 
 def main():
@@ -43,10 +47,18 @@ def main():
   p.add_argument("--init", required=True, help="a random-init pretraining workdir")
   p.add_argument("--glue_dir", required=True, help="GLUE root with SST-2/")
   p.add_argument("--out", required=True)
-  p.add_argument("--corpus", default=str(BOOKS))
+  p.add_argument("--data", default="",
+                 help="the folder of the downloaded data (corpus/gutenberg)")
+  p.add_argument("--corpus", default="",
+                 help="glob of the pretraining text (default: "
+                 "<data>/corpus/gutenberg/*.txt.xz)")
   p.add_argument("--seeds", default="1,2,3")
   p.add_argument("--sst2_examples", type=int, default=8000)
   args = p.parse_args()
+  if not args.corpus:
+    if not args.data:
+      raise SystemExit(MISSING_DATA)
+    args.corpus = str(pathlib.Path(args.data) / "corpus" / "gutenberg" / "*.txt.xz")
 
   tokenizer = pretrained_lib.load_pretrained(args.init, read_params=False).tokenizer
   vectors = linear_probe.ppmi_svd_vectors(

@@ -1,7 +1,9 @@
 """studies/plateau_probe.py: when a probe left the plateau, in steps and FLOPs."""
 
 import json
+import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -43,3 +45,20 @@ def test_table_reads_the_recorded_flops_without_the_probes_workdir(tmp_path):
   assert cells[5] == "18.0% / 6.00 (step 300)"
   # Twice unigram: ratio 1.5 at step 200 and 3.0 at 300, so 2.0 a third of the way.
   assert cells[8] == "233 (11.67)"
+
+
+def test_a_probe_without_data_stops_at_once_saying_so(tmp_path):
+  # No data folder beside the checkout is assumed: without --data (or --source)
+  # the probe says what is missing, in one line, before it trains a tokenizer
+  # or a model.
+  tokenizer, out = tmp_path / "tok" / "tokenizer.model", tmp_path / "probes.jsonl"
+  done = subprocess.run(
+      [sys.executable, plateau_probe.__file__, "--name=no_data", "--steps=1",
+       f"--tokenizer={tokenizer}", f"--out={out}"],
+      capture_output=True, text=True, timeout=120, check=False,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode != 0
+  assert done.stderr.splitlines() == [plateau_probe.MISSING_DATA], done.stderr
+  assert plateau_probe.MISSING_DATA.startswith(
+      "--data is required: the folder of the downloaded data")
+  assert not tokenizer.parent.exists() and not out.exists()
