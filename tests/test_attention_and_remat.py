@@ -171,9 +171,9 @@ def count_tpu_kernel_calls(monkeypatch):
   monkeypatch.setattr(attention, "TPU_FLASH_OFF_TPU", True)
   original, calls = attention.tpu_flash_attention, []
 
-  def counted(q, k, v, bias):
+  def counted(q, k, v, bias, key_lengths=None):
     calls.append((q.shape[1], k.shape[1]))
-    return original(q, k, v, bias)
+    return original(q, k, v, bias, key_lengths)
 
   monkeypatch.setattr(attention, "tpu_flash_attention", counted)
   return calls
@@ -219,21 +219,22 @@ def test_tpu_flash_kernel_matches_the_einsum_with_bias_gradients(
 
 def test_tpu_flash_kernel_runs_per_shard_in_the_sharded_train_step(monkeypatch):
   """On a (data 2, fsdp 2, tensor 2) mesh the kernel runs under shard_map, each
-  device on its rows and heads, and one train step equals the einsum's. The
-  kernel itself is replaced by the Pallas module's own pure-jnp reference of the
-  same semantics (`mha_reference`: bias added before the scale), since Pallas' TPU
-  interpreter does not run under 8 fake devices; the test above runs the kernel."""
-  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_kernel  # pylint: disable=g-import-not-at-top
+  device on its rows and heads, with the shared bias and the key lengths split
+  as the rows and heads are (the bias gradient summed over the data shards), and
+  one train step equals the einsum's. The kernel itself is replaced by the
+  module's pure-jnp reference of the same semantics (`tpu_attention.reference`),
+  since Pallas' TPU interpreter does not run under 8 fake devices; the test
+  above runs the kernel."""
+  from maelm_jax.modeling import tpu_attention  # pylint: disable=g-import-not-at-top
   from maelm_jax.core import sharding  # pylint: disable=g-import-not-at-top
   from maelm_jax.run import train_lib  # pylint: disable=g-import-not-at-top
   shard_shapes = []
 
-  def reference_kernel(q, k, v, ab=None, *, sm_scale, block_sizes):
-    del block_sizes
-    shard_shapes.append(q.shape)
-    return tpu_kernel.mha_reference(q, k, v, ab, sm_scale=sm_scale)
+  def reference_kernel(q, k, v, bias_t, lengths, kv_len):
+    shard_shapes.append((q.shape, None if bias_t is None else bias_t.shape, lengths.shape))
+    return tpu_attention.reference(q, k, v, bias_t, lengths, kv_len)
 
-  monkeypatch.setattr(tpu_kernel, "flash_attention", reference_kernel)
+  monkeypatch.setattr(tpu_attention, "attention", reference_kernel)
   config = tiny_config("mlm", **KERNEL_OVERRIDES, seq_len=128)
   mesh = sharding.make_mesh((2, 2, 2), jax.devices()[:8])
   tx = train_lib.make_optimizer(config)
@@ -251,9 +252,10 @@ def test_tpu_flash_kernel_runs_per_shard_in_the_sharded_train_step(monkeypatch):
     results[impl] = (float(metrics["loss"]), jax.device_get(state.params))
     assert bool(calls) == (impl == "auto")
   # The step's calls are per shard: 8 rows / (data 2 x fsdp 2), 2 heads / tensor 2,
-  # [B, H, L, d]; no call sees the global batch (init traces one row, unsharded).
-  assert (2, 1, 128, cfg.head_dim) in shard_shapes
-  assert all(shape[0] < 8 for shape in shard_shapes), shard_shapes
+  # [B, H, L, d], the shared bias [1, H, L, L] split by heads only, a length a
+  # row; no call sees the global batch (init traces one row, unsharded).
+  assert ((2, 1, 128, cfg.head_dim), (1, 1, 128, 128), (2,)) in shard_shapes
+  assert all(q[0] < 8 for q, _, _ in shard_shapes), shard_shapes
   np.testing.assert_allclose(results["auto"][0], results["xla"][0], rtol=1e-5)
   assert_trees_close(results["auto"][1], results["xla"][1], tol=1e-5)
 

@@ -239,22 +239,82 @@ def _flash_block(length: int) -> int:
   return next(b for b in (512, 256, 128) if length % b == 0)
 
 
-def tpu_flash_attention(q, k, v, bias):
-  """The Pallas TPU flash-attention kernel on [B, n|m, H, d] q/k/v and our additive
-  float32 bias [B|1, H|1, n, m], equal to the einsum path: the kernel adds its bias
-  *before* scaling, softmax((q k + bias) * scale), so q is scaled first and the
-  kernel's scale is 1. The bias is broadcast to [B, H, n, m] (the kernel tiles it
-  per batch row and head), as for cuDNN. Lengths that are not multiples of 128
-  are padded up to one: padded keys get `PADDED_KEY_BIAS` (no query attends to
-  them), padded queries are computed and cut off, so the result and every
-  gradient are the unpadded attention's. Under `kernel_mesh` with more than one
-  device the kernel runs per shard (batch over data x fsdp, heads over tensor)."""
+def tpu_flash_attention(q, k, v, bias, key_lengths=None):
+  """Attention on the TPU on [B, n|m, H, d] q/k/v, our additive float32 bias
+  [B|1, H|1, n, m] (or None) and `key_lengths` (int32 [B], or None: row b's keys
+  from key_lengths[b] on are padding), equal to the einsum path. Lengths that are
+  not multiples of 128 are padded up to one: padded keys get `PADDED_KEY_BIAS`
+  (no query attends to them), padded queries are computed and cut off, so the
+  result and every gradient are the unpadded attention's. Under `kernel_mesh`
+  with more than one device the kernel runs per shard (batch over data x fsdp,
+  heads over tensor).
+
+  Up to `tpu_attention.MAX_LENGTH` it is the project's kernel (`tpu_attention`):
+  a bias shared by the rows stays [1, H, n, m] and its gradient is summed over
+  the rows inside the kernel, padding arrives as key lengths, the saved
+  statistics are [B, H, n]; a per-row bias (MAE-LM's encoder, whose rows keep
+  different positions) is read in the activations' dtype. Longer lengths run
+  the stock Pallas flash kernel (`_stock_flash_attention`)."""
+  from maelm_jax.modeling import tpu_attention  # pylint: disable=g-import-not-at-top  (Pallas: on TPU only)
+  b, n, h, d = q.shape
+  m = k.shape[1]
+  n_run, m_run = padded_length(n), padded_length(m)
+  if max(n_run, m_run) > tpu_attention.MAX_LENGTH:
+    if key_lengths is not None:
+      valid = jnp.arange(m)[None, :] < key_lengths[:, None]
+      mask = jnp.where(valid, 0.0, tpu_attention.NEG_INF)[:, None, None, :]
+      bias = mask if bias is None else bias + mask
+    return _stock_flash_attention(q, k, v, bias)
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, L, H, d] <-> [B, H, L, d]
+  q = heads_first((q * (1.0 / math.sqrt(d))).astype(q.dtype))
+  k, v = heads_first(k), heads_first(v)
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, n_run - n), (0, 0)))
+  k = jnp.pad(k, ((0, 0), (0, 0), (0, m_run - m), (0, 0)))
+  v = jnp.pad(v, ((0, 0), (0, 0), (0, m_run - m), (0, 0)))
+  if key_lengths is None:
+    key_lengths = jnp.full((b,), m, jnp.int32)
+  key_lengths = key_lengths.astype(jnp.int32)
+  bias_t = None
+  if bias is not None:
+    rows = bias.shape[0]
+    # Read once for the batch, a shared bias keeps float32; a per-row one is
+    # read row by row, in the activations' dtype (half the bytes at bfloat16).
+    bias = jnp.broadcast_to(bias, (rows, h, n, m)).astype(
+        jnp.float32 if rows == 1 else q.dtype)
+    bias = jnp.pad(bias, ((0, 0), (0, 0), (0, n_run - n), (0, m_run - m)))
+    bias_t = jnp.swapaxes(bias, 2, 3)  # [., H, m, n]: keys on the kernel's rows.
+
+  def kernel(q, k, v, bias_t, lengths):
+    return tpu_attention.attention(q, k, v, bias_t, lengths, m)
+
+  mesh = _KERNEL_MESH.get()
+  if mesh is not None and mesh.size > 1:
+    dp, tp = sharding.data_parallel_size(mesh), mesh.shape["tensor"]
+    if b % dp == 0 and h % tp == 0:
+      spec = jax.sharding.PartitionSpec(sharding.BATCH_AXES, "tensor")
+      bias_spec = (spec if bias_t is not None and bias_t.shape[0] > 1 else
+                   jax.sharding.PartitionSpec(None, "tensor"))
+      kernel = jax.shard_map(
+          kernel, mesh=mesh,
+          in_specs=(spec, spec, spec, bias_spec if bias_t is not None else None,
+                    jax.sharding.PartitionSpec(sharding.BATCH_AXES)),
+          out_specs=spec, check_vma=False)
+  return heads_first(kernel(q, k, v, bias_t, key_lengths)[:, :, :n])
+
+
+def _stock_flash_attention(q, k, v, bias):
+  """The stock Pallas TPU flash-attention kernel (lengths over
+  `tpu_attention.MAX_LENGTH`), as `tpu_flash_attention` takes it: the kernel adds
+  its bias *before* scaling, softmax((q k + bias) * scale), so q is scaled first
+  and the kernel's scale is 1; the bias is broadcast to [B, H, n, m] float32 (the
+  kernel tiles it per batch row and head)."""
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_kernel  # pylint: disable=g-import-not-at-top
   b, n, h, d = q.shape
   m = k.shape[1]
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, L, H, d] <-> [B, H, L, d]
   q = heads_first((q * (1.0 / math.sqrt(d))).astype(q.dtype))
   k, v = heads_first(k), heads_first(v)
+  bias = (jnp.zeros((1, 1, n, m), jnp.float32) if bias is None else bias)
   bias = jnp.broadcast_to(bias, (b, h, n, m)).astype(jnp.float32)
   n_pad, m_pad = padded_length(n) - n, padded_length(m) - m
   if n_pad or m_pad:
@@ -264,8 +324,7 @@ def tpu_flash_attention(q, k, v, bias):
     bias = pad_bias(bias, n + n_pad, m + m_pad)
   bq, bk = _flash_block(n + n_pad), _flash_block(m + m_pad)
   # The dq kernel's key blocks at the smallest width, 128: the kernel stores
-  # `di` broadcast to [B, H, L, block_k_major_dq] in HBM (at 512, 4x the bytes;
-  # `base` MLM at 512 on v5e:2x2: benchmarks/tpu-plans.md, "Where the bytes go").
+  # `di` broadcast to [B, H, L, block_k_major_dq] in HBM (at 512, 4x the bytes).
   blocks = tpu_kernel.BlockSizes(
       block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
       block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,

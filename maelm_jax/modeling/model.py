@@ -273,8 +273,9 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_q, x_kv, bias, key_lengths=None):
     """bias: additive float32 [B|1, H|1, n, m] (padding mask + position bias), or
-    None; key_lengths: int32 [B], given only where cuDNN runs and the padding mask
-    is not in the bias: row b's keys from key_lengths[b] on are padding."""
+    None; key_lengths: int32 [B], given only where a kernel (cuDNN, the TPU
+    kernel) runs and the padding mask is not in the bias: row b's keys from
+    key_lengths[b] on are padding."""
     cfg = self.cfg
     proj = lambda name: nn.DenseGeneral(
         (cfg.num_heads, cfg.head_dim), dtype=cfg.dtype, name=name,
@@ -293,7 +294,7 @@ class Attention(nn.Module):
       out = attention.fused_attention(q, k, v, bias, implementation="cudnn",
                                       key_lengths=key_lengths)
     elif backend == "tpu_flash":
-      out = attention.tpu_flash_attention(q, k, v, bias)
+      out = attention.tpu_flash_attention(q, k, v, bias, key_lengths)
     else:
       scores = jnp.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(cfg.head_dim)), k,
                           preferred_element_type=jnp.float32) + bias
@@ -440,8 +441,9 @@ class Stack(nn.Module):
     [B, m, D] (cross-attention) sits at original `memory_positions` [B, m].
     key_lengths: int32 [B], where the caller knows its rows are padded at their
     end only (`Encoder.right_padded`): row b's tokens from key_lengths[b] on are
-    padding, for every kernel, and cuDNN takes them as its key lengths instead of
-    a padding mask in the bias, which then stays [1, H, n, n]."""
+    padding, for every kernel, and the kernels (cuDNN, the TPU kernel) take them
+    as key lengths instead of a padding mask in the bias, which then stays
+    [1, H, n, n]."""
     cfg = self.cfg
     x = x + _positions_table(cfg, "position_embed")(positions).astype(x.dtype)
     if cfg.ln_type == "post":  # BERT/RoBERTa: LayerNorm on the summed embeddings.
@@ -454,7 +456,8 @@ class Stack(nn.Module):
     if key_lengths is not None:  # One rule for every kernel: a prefix of the row.
       key_valid = jnp.arange(n)[None, :] < key_lengths[:, None]
     lengths_in_kernel = (key_lengths is not None and
-                         cfg.attention_backend(dropout_active, n, n) == "cudnn")
+                         cfg.attention_backend(dropout_active, n, n) in ("cudnn",
+                                                                         "tpu_flash"))
     self_key_lengths = key_lengths if lengths_in_kernel else None  # (int32)
     self_bias = None if lengths_in_kernel else _padding_bias(key_valid)
     if self.relative_position_bias:
