@@ -305,10 +305,11 @@ _kernel_probe_cache: dict = {}
 
 
 def kernel_uncounted_share(device) -> float:
-  """The share of a Pallas TPU flash-attention kernel's training FLOPs (forward
-  and backward) that XLA's cost analysis does not count, measured by compiling
-  the kernel alone for `device` (today: the backward's 2/3; its forward carries
-  a cost estimate, the backward kernels none)."""
+  """The share of a Pallas TPU attention kernel's training FLOPs (forward and
+  backward) that XLA's cost analysis does not count, measured by compiling the
+  kernel alone for `device`: none for the project's kernel, whose calls state
+  their cost (it recomputes the scores in its backward, so XLA counts more than
+  the model); the stock kernel's backward states none (2/3 uncounted)."""
   key = device.device_kind
   if key not in _kernel_probe_cache:
     import jax  # pylint: disable=g-import-not-at-top
@@ -513,8 +514,9 @@ def plan_built(built: Built, topology: str, devices, estimate: bool = True,
     share = kernel_uncounted_share(devices[0])
     for site in kernel_sites:
       added_flops += share * 3 * attention_parts.get(site, 0) * micro / chips
-    notes.append(f"Pallas kernels: the {share:.0%} of their FLOPs XLA does not "
-                 "count (their backward), from the FLOP model")
+    if share > 0:  # (The project's kernel states its cost; the stock one's backward none.)
+      notes.append(f"Pallas kernels: the {share:.0%} of their FLOPs XLA does not "
+                   "count (their backward), from the FLOP model")
   # HBM traffic: hlo_stats' count, every loop's body as often as it runs, a
   # sliced operand as its slice, an in-place update as the update (XLA's
   # `bytes accessed` counts each whole: 2x on `small`, hlo_stats docstring).

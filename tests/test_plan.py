@@ -57,7 +57,7 @@ def user_lines(stderr: str) -> list[str]:
 def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_path):
   """MAE-LM's encoder (222 visible of 256) runs the Pallas kernel through
   Mosaic, padded to 256, as its decoder does; the compiled HLO holds the
-  kernel's three calls (forward, dK/dV, dQ) for each of the 3 layers. FLOPs
+  kernel's two calls (forward, backward) for each of the 3 layers. FLOPs
   agree with the model; fsdp over the 4 chips holds a quarter of the state."""
   # 256, not 512: the same kernels and asserts; libtpu compiles it in 2/3 of the
   # time (48 s against 68 s, tests/test_plan.py's config through plan.run, idle).
@@ -72,11 +72,13 @@ def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_
   assert result["attention"]["encoder"]["kernel_lengths"] == [256, 256]
   assert result["attention"]["decoder"]["implementation"] == "tpu_flash"
   layers = 2 + 1  # tiny: 2 encoder layers, 1 decoder layer.
-  assert result["tpu_custom_calls"]["per_step"] == 3 * layers
-  # XLA counts the kernels' forward, not their backward: added from the model.
-  assert any("Pallas" in note for note in result["xla_flops_notes"])
+  assert result["tpu_custom_calls"]["per_step"] == 2 * layers
+  # The kernel's calls state their cost, so XLA counts them: nothing added.
+  assert not any("Pallas" in note for note in result["xla_flops_notes"])
   ratio = result["xla_flops_per_chip"] / result["model_flops_per_chip"]
-  assert 0.9 < ratio < 1.1, ratio
+  # XLA counts what the kernel does: its lengths padded to 128 (222 -> 256) and
+  # the backward's recomputed scores, which the model's count leaves out.
+  assert 0.9 < ratio < 1.3, ratio
   built = plan.build(config, plan.topology_devices("v5e:2x2")[0])
   unsharded = sum(x.size * x.dtype.itemsize
                   for x in jax.tree.leaves(built.program.abstract_state))
@@ -115,7 +117,7 @@ def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_
 ])
 def test_the_kernel_asked_for_by_name_compiles_for_v4_and_v5p(topology, kind, loops):
   """`attention_impl=tpu_flash` (which insists on the kernel) through Mosaic for
-  megacore chips too: every layer's three kernel calls in the program."""
+  megacore chips too: every layer's two kernel calls in the program."""
   config = plan_config("maelm", seq_len=256, batch_size=8,
                        **{"model.attention_dropout": 0.0,
                           "model.attention_impl": "tpu_flash", **loops})
@@ -124,22 +126,24 @@ def test_the_kernel_asked_for_by_name_compiles_for_v4_and_v5p(topology, kind, lo
   assert result["chip_kind"] == kind and result["chips"] == 4
   assert {v["implementation"] for v in result["attention"].values()} == {"tpu_flash"}
   microbatches = loops.get("grad_accum_steps", 1)
-  assert result["tpu_custom_calls"]["per_step"] == 3 * (2 + 1) * microbatches
+  assert result["tpu_custom_calls"]["per_step"] == 2 * (2 + 1) * microbatches
   if loops:  # XLA counts each loop body once; the plan adds the rest.
-    assert result["tpu_custom_calls"]["in_program"] < 3 * (2 + 1)
+    assert result["tpu_custom_calls"]["in_program"] < 2 * (2 + 1)
     assert result["xla_flops_counted_per_chip"] < 0.7 * result["model_flops_per_chip"]
   ratio = result["xla_flops_per_chip"] / result["model_flops_per_chip"]
-  assert 0.9 < ratio < 1.15, (ratio, result["xla_flops_notes"])
+  # (The kernel's padded lengths and recomputed scores, as above.)
+  assert 0.9 < ratio < 1.3, (ratio, result["xla_flops_notes"])
 
 
 @needs_libtpu
 def test_a_config_that_cannot_fit_is_refused_with_a_knob_and_its_plan():
-  """tiny MLM, batch 8192 x 512 on 4 v5e chips, no fsdp: the compiler runs out
-  of HBM (23 GB a chip, the head's logits over 32000 pieces); the answer is exit
-  3 and at most 5 lines naming the knob that fits, compiled to check it. (The
-  same path as a large model's refusal, whose compiles took 5x as long here.)"""
+  """tiny MLM, batch 12288 x 512 on 4 v5e chips, no fsdp: the compiler runs out
+  of HBM (the head's logits over 32000 pieces; 8192 rows now fit, in 16.0 GB a
+  chip); the answer is exit 3 and at most 5 lines naming the knob that fits,
+  compiled to check it. (The same path as a large model's refusal, whose
+  compiles took 5x as long here.)"""
   result = run_plan_cli("--config=configs/pretrain.py:objective=mlm,size=tiny",
-                        "--topology=v5e:2x2", "--config.batch_size=8192",
+                        "--topology=v5e:2x2", "--config.batch_size=12288",
                         "--config.seq_len=512")
   assert result.returncode == plan.NOT_FIT_EXIT, result.stderr[-3000:]
   lines = result.stdout.strip().splitlines()

@@ -62,6 +62,14 @@ def _vmem_limit(n: int, m: int, d: int, bias_bytes: int) -> int:
   return max(16 << 20, int(1.5 * (blocks + temporaries)))
 
 
+def _cost(args, out_shape, b, h, n, m, d, matmuls: int) -> pl.CostEstimate:
+  """What a call computes and moves, for XLA's cost analysis and scheduler:
+  `matmuls` [n, m, d] products a head and row, one exp a score."""
+  moved = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves([args, out_shape]))
+  return pl.CostEstimate(flops=2 * matmuls * b * h * n * m * d,
+                         transcendentals=b * h * n * m, bytes_accessed=moved)
+
+
 def _scores(k, q, bias_t, length, *, kv_len: int):
   """s^T [m, bq] float32: k q^T plus the bias, the key-length mask and the
   caller's padding keys."""
@@ -127,7 +135,7 @@ def _backward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
       def _():
         dbias_ref[:, cols] += ds
     elif has_bias:
-      dbias_ref[:, cols] = ds
+      dbias_ref[:, cols] = ds.astype(dbias_ref.dtype)
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -157,18 +165,21 @@ def _forward(q, k, v, bias_t, lengths, kv_len: int):
   kernel = functools.partial(_forward_kernel, kv_len=kv_len, block_q=_block_q(n, m),
                              has_bias=has_bias)
   bias_bytes = bias_t.dtype.itemsize if has_bias else 0
+  args = (lengths, q, k, v, *([bias_t] if has_bias else []))
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
+               jax.ShapeDtypeStruct((b, h, 1, n), jnp.float32)]
   return pl.pallas_call(
       kernel,
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=1, grid=(h, b), in_specs=in_specs,
           out_specs=[q_spec, stats]),
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, h, 1, n), jnp.float32)],
+      out_shape=out_shape,
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "arbitrary"),
           vmem_limit_bytes=_vmem_limit(n, m, d, bias_bytes)),
+      cost_estimate=_cost(args, out_shape, b, h, n, m, d, matmuls=2),
       name="maelm_attention_fwd",
-  )(lengths, q, k, v, *([bias_t] if has_bias else []))
+  )(*args)
 
 
 def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
@@ -184,10 +195,14 @@ def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
                jax.ShapeDtypeStruct(v.shape, v.dtype)]
   if has_bias:
     out_specs.append(in_specs[3])
-    out_shape.append(jax.ShapeDtypeStruct(bias_t.shape, jnp.float32))
+    # A shared bias' gradient sums the rows in float32; a per-row one is
+    # written as the bias was read (bfloat16 in a bfloat16 run: half the bytes).
+    out_shape.append(jax.ShapeDtypeStruct(bias_t.shape,
+                                          jnp.float32 if shared else bias_t.dtype))
   kernel = functools.partial(_backward_kernel, kv_len=kv_len, block_q=_block_q(n, m),
                              has_bias=has_bias, shared_bias=shared)
   bias_bytes = bias_t.dtype.itemsize if has_bias else 0
+  args = (lengths, q, k, v, *([bias_t] if has_bias else []), do, lse, di)
   return pl.pallas_call(
       kernel,
       grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -198,8 +213,10 @@ def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
           # The rows accumulate a shared bias' gradient: one after the other.
           dimension_semantics=("parallel", "arbitrary"),
           vmem_limit_bytes=_vmem_limit(n, m, d, bias_bytes)),
+      # The scores again, then dp, dv, dk and dq: five products.
+      cost_estimate=_cost(args, out_shape, b, h, n, m, d, matmuls=5),
       name="maelm_attention_bwd",
-  )(lengths, q, k, v, *([bias_t] if has_bias else []), do, lse, di)
+  )(*args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
