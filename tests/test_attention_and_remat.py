@@ -217,6 +217,37 @@ def test_tpu_flash_kernel_matches_the_einsum_with_bias_gradients(
       assert float(jnp.abs(table).max()) > 1e-4  # The bias gradient is really there.
 
 
+@pytest.mark.parametrize("objective", ["mlm", "maelm"])
+def test_tpu_flash_kernel_without_a_bias_under_rotary_positions(monkeypatch, objective):
+  """Rotary positions and no relative bias, rows padded at their end (as the
+  pipelines make them): the kernel gets no bias at all, the padding as key
+  lengths, and loss and every gradient equal the einsum path's."""
+  overrides = dict(KERNEL_OVERRIDES, **{"model.position": "rope",
+                                        "model.relative_position_bias": False,
+                                        "model.decoder_relative_position_bias": False})
+  cfg = build(objective, **overrides)
+  ids = random_ids(2, 128, VOCAB, num_pad=9)
+  reference_fn, params = loss_fn_and_params(
+      model_lib.dataclasses.replace(cfg, attention_impl="xla"), ids, right_padded=True)
+  reference_loss, reference_grads = jax.jit(jax.value_and_grad(reference_fn))(params)
+  monkeypatch.setattr(attention, "TPU_FLASH_OFF_TPU", True)
+  seen = []
+  original = attention.tpu_flash_attention
+
+  def spy(q, k, v, bias, key_lengths=None):
+    seen.append((bias is None, key_lengths is not None))
+    return original(q, k, v, bias, key_lengths)
+
+  monkeypatch.setattr(attention, "tpu_flash_attention", spy)
+  kernel_fn, _ = loss_fn_and_params(model_lib.dataclasses.replace(cfg, attention_impl="auto"),
+                                    ids, params=params, right_padded=True)
+  with pltpu.force_tpu_interpret_mode():
+    loss, grads = jax.jit(jax.value_and_grad(kernel_fn))(params)
+  assert (True, True) in seen  # The encoder: no bias, key lengths.
+  np.testing.assert_allclose(float(loss), float(reference_loss), rtol=1e-5)
+  assert_trees_close(grads, reference_grads, tol=1e-5)
+
+
 def test_tpu_flash_kernel_runs_per_shard_in_the_sharded_train_step(monkeypatch):
   """On a (data 2, fsdp 2, tensor 2) mesh the kernel runs under shard_map, each
   device on its rows and heads, with the shared bias and the key lengths split

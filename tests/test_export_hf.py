@@ -546,8 +546,10 @@ def test_a_squad_export_loads_in_transformers5(squad_exports, tmp_path):
 def decoder_exports(tmp_path_factory):
   """A MAE-LM (self-attention decoder) and a 3ML (cross-attention decoder) run,
   and a 3ML run with the BabyLM knobs (GEGLU, NormFormer's LayerNorms, post-LN
-  and no relative bias: without the knobs that would export as RoBERTa),
-  exported with their decoder and LM head."""
+  and no relative bias: without the knobs that would export as RoBERTa) and
+  rotary positions (the encoder's visible tokens and the cross decoder's
+  [MASK] slots each rotated by their original positions), exported with their
+  decoder and LM head."""
   root = tmp_path_factory.mktemp("decoders")
   exports = {}
   for name, overrides in (("maelm", {"objective": "maelm"}),
@@ -555,7 +557,8 @@ def decoder_exports(tmp_path_factory):
                           ("knobs", {"objective": "3ml", "model.decoder_type": "cross",
                                      "model.mlp_activation": "geglu",
                                      "model.normformer": True, "model.ln_type": "post",
-                                     "model.relative_position_bias": False})):
+                                     "model.relative_position_bias": False,
+                                     "model.position": "rope"})):
     workdir = pretrain(root / name, **overrides)
     assert export_hf.export(str(workdir), str(root / f"{name}_hf"),
                             with_lm_head=True) == "maelm"

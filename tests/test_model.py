@@ -59,9 +59,13 @@ def padding_reference_loss(cfg, params, ids, masks):
   return float((nll * is_masked).sum() / is_masked.sum())
 
 
-@pytest.mark.parametrize("ln_type,rel", [("post", True), ("pre", False)])
-def test_maelm_loss_equals_padding_reference(ln_type, rel):
-  cfg = build("maelm", **{"model.ln_type": ln_type,
+@pytest.mark.parametrize("ln_type,rel,position", [
+    ("post", True, "learned"), ("pre", False, "learned"),
+    # Rotary positions, no bias: the visible tokens and the decoder's [MASK]
+    # slots are rotated by their original positions, as at full length.
+    ("pre", False, "rope")])
+def test_maelm_loss_equals_padding_reference(ln_type, rel, position):
+  cfg = build("maelm", **{"model.ln_type": ln_type, "model.position": position,
                           "model.relative_position_bias": rel})
   ids = random_ids(4, 32, VOCAB)
   masks = draw(cfg, ids)
@@ -74,6 +78,28 @@ def test_maelm_loss_equals_padding_reference(ln_type, rel):
   reference = padding_reference_loss(cfg, params, ids, masks)
   assert ours == pytest.approx(reference, rel=1e-5)
   assert ours == pytest.approx(np.log(VOCAB), rel=0.1)  # Untrained: near uniform.
+  assert ("position_embed" in params["encoder"]) == (position == "learned")
+
+
+def test_rotary_scores_depend_only_on_the_positions_difference():
+  """q . k after `rotary` at positions (i, j) equals it at (i + s, j + s), and
+  differs from the unrotated product once i != j; position 0 is the identity."""
+  rng = np.random.RandomState(0)
+  q = jnp.asarray(rng.randn(1, 5, 2, 8), jnp.float32)
+  k = jnp.asarray(rng.randn(1, 5, 2, 8), jnp.float32)
+  positions = jnp.asarray([[0, 3, 4, 9, 20]])
+
+  def scores(shift):
+    rq, rk = model_lib.rotary(q, positions + shift), model_lib.rotary(k, positions + shift)
+    return np.asarray(jnp.einsum("bqhd,bkhd->bhqk", rq, rk))
+
+  np.testing.assert_allclose(scores(0), scores(37), rtol=1e-4, atol=1e-5)
+  plain = np.asarray(jnp.einsum("bqhd,bkhd->bhqk", q, k))
+  assert np.abs(scores(0) - plain).max() > 0.1
+  np.testing.assert_allclose(np.diagonal(scores(0), axis1=2, axis2=3),
+                             np.diagonal(plain, axis1=2, axis2=3), rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(model_lib.rotary(q, jnp.zeros((1, 5), int))),
+                                np.asarray(q))
 
 
 def test_mlm_is_a_plain_encoder_with_a_sparse_head():

@@ -91,3 +91,27 @@ def test_saved_statistics_are_one_number_a_query():
                 s, s - 1e9)
   np.testing.assert_allclose(np.asarray(lse[:, :, 0]),
                              np.asarray(jax.nn.logsumexp(s, axis=2)), rtol=1e-5)
+
+
+def test_a_per_key_mask_is_read_as_one_column_and_not_differentiated():
+  """A padding mask that is not a prefix of the row (MAE-LM's decoder) reaches
+  the kernel as [B, 1, m, 1], one value a key for every head and query: the
+  values and the q, k, v gradients are the plain attention's with that mask,
+  and the mask, a constant, gets a zero gradient."""
+  q, k, v, _ = inputs(2, 2, 128, 128, 8, None)
+  keep = np.random.RandomState(3).rand(2, 128) > 0.3
+  mask_t = jnp.asarray(np.where(keep, 0.0, -1e9)[:, None, :, None], jnp.float32)
+  lengths = jnp.asarray([128, 128], jnp.int32)
+  assert tpu_attention.is_key_mask(mask_t)
+  with pltpu.force_tpu_interpret_mode():
+    loss, grads = loss_and_grads(tpu_attention.attention, q, k, v, mask_t, lengths, 128)
+  want_loss, want_grads = loss_and_grads(
+      lambda q, k, v, b, *a: tpu_attention.reference(q, k, v, jax.lax.stop_gradient(b), *a),
+      q, k, v, mask_t, lengths, 128)
+  np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-5)
+  for name, got, want in zip(("dq", "dk", "dv", "dmask"), grads, want_grads):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-4,
+                               err_msg=name)
+  assert float(jnp.abs(grads[3]).max()) == 0.0
+  # Masked keys get nothing.
+  assert float(jnp.abs(grads[2][~np.broadcast_to(keep[:, None, :], (2, 2, 128))]).max()) == 0.0

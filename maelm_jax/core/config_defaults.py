@@ -39,6 +39,7 @@ ADDED_KEYS = {
     "model.layer_norm_eps": Added(1e-5, PRETRAINING),
     "model.relative_bucket_fn": Added("t5", PRETRAINING),
     "model.untie_cls_position": Added(True, PRETRAINING),
+    "model.position": Added("learned", PRETRAINING),
     "weight_decay_on": Added("matrices", PRETRAINING),
     "data.rows": Added("packed", PRETRAINING),
     "start_over": Added(False, EVERY_MODE),

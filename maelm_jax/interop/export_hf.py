@@ -95,7 +95,8 @@ def check_out_dir(out: str, overwrite: bool) -> None:
 def architecture(model_cfg) -> str:
   """"roberta" where transformers has the architecture, else "maelm"."""
   if (model_cfg.ln_type == "post" and not model_cfg.relative_position_bias
-      and model_cfg.mlp_activation == "gelu" and not model_cfg.normformer):
+      and model_cfg.mlp_activation == "gelu" and not model_cfg.normformer
+      and model_cfg.position == "learned"):
     return "roberta"
   return "maelm"
 
@@ -152,7 +153,8 @@ def maelm_tensors(params, model_cfg, with_lm_head: bool, head=None) -> dict:
 
   def stack(p, num_layers):
     """A Stack (encoder or decoder): `modeling_maelm.MaelmEncoder`'s names."""
-    out = {"position_embed": {"weight": p["position_embed"]["embedding"]}}
+    out = ({"position_embed": {"weight": p["position_embed"]["embedding"]}}
+           if "position_embed" in p else {})  # (Rotary positions: no table.)
     for name in ("input_ln", "final_ln"):
       if name in p:
         out[name] = _ln(p[name])
@@ -289,6 +291,7 @@ def hf_config(kind: str, model_cfg, with_lm_head: bool, finetuned: dict | None =
                  if with_lm_head and model_cfg.decoder_type != "none" else {}),
               max_position_embeddings=model_cfg.max_positions,
               ln_type=model_cfg.ln_type,
+              position=model_cfg.position,
               relative_position_bias=model_cfg.relative_position_bias,
               relative_buckets=model_cfg.relative_buckets,
               relative_max_distance=model_cfg.relative_max_distance,
@@ -586,7 +589,7 @@ Pretrained with maelm-jax (JAX/Flax) and exported by
 |---|---|
 | objective | {config.model.objective} (mask ratio {" -> ".join(f"{r:g}" for r in config_lib.mask_ratios(config))}, decoder {decoder}) |
 | size | {config.model.size}: {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.num_heads} heads, MLP {cfg.mlp}; {num_params:,} parameters exported |
-| layers | {cfg.ln_type}-LN{" with NormFormer's extra LayerNorms" if cfg.normformer else ""}, {"GEGLU" if cfg.mlp_activation == "geglu" else "GELU"} FFN, {"relative position bias + " if cfg.relative_position_bias else ""}absolute positions (up to {cfg.max_positions}) |
+| layers | {cfg.ln_type}-LN{" with NormFormer's extra LayerNorms" if cfg.normformer else ""}, {"GEGLU" if cfg.mlp_activation == "geglu" else "GELU"} FFN, {"relative position bias + " if cfg.relative_position_bias else ""}{"rotary" if cfg.position == "rope" else "absolute"} positions (up to {cfg.max_positions}) |
 | tokenizer | {"SentencePiece" if pretrained.tokenizer.path.endswith(".model") else "Hugging Face"} {pretrained.tokenizer.model_type}, {cfg.vocab_size} pieces |
 | data | {_corpus(pretraining_workdir, config.data.source)} |
 {steps}

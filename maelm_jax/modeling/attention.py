@@ -253,7 +253,9 @@ def tpu_flash_attention(q, k, v, bias, key_lengths=None):
   a bias shared by the rows stays [1, H, n, m] and its gradient is summed over
   the rows inside the kernel, padding arrives as key lengths, the saved
   statistics are [B, H, n]; a per-row bias (MAE-LM's encoder, whose rows keep
-  different positions) is read in the activations' dtype. Longer lengths run
+  different positions) is read in the activations' dtype; a bias [B, 1, 1, m]
+  (a padding mask alone that is not a prefix: MAE-LM's decoder) is read as one
+  value a key and taken as a constant (no gradient). Longer lengths run
   the stock Pallas flash kernel (`_stock_flash_attention`)."""
   from maelm_jax.modeling import tpu_attention  # pylint: disable=g-import-not-at-top  (Pallas: on TPU only)
   b, n, h, d = q.shape
@@ -275,7 +277,13 @@ def tpu_flash_attention(q, k, v, bias, key_lengths=None):
     key_lengths = jnp.full((b,), m, jnp.int32)
   key_lengths = key_lengths.astype(jnp.int32)
   bias_t = None
-  if bias is not None:
+  if bias is not None and bias.shape[1] == bias.shape[2] == 1:
+    # A padding mask alone ([B, 1, 1, m], not a prefix of the row: MAE-LM's
+    # decoder): one value a key, a constant, read as a column by the kernel.
+    bias_t = jax.lax.stop_gradient(jnp.pad(bias.astype(jnp.float32),
+                                           ((0, 0), (0, 0), (0, 0), (0, m_run - m))))
+    bias_t = jnp.swapaxes(bias_t, 2, 3)  # [B, 1, m, 1]
+  elif bias is not None:
     rows = bias.shape[0]
     # Read once for the batch, a shared bias keeps float32; a per-row one is
     # read row by row, in the activations' dtype (half the bytes at bfloat16).
@@ -292,8 +300,9 @@ def tpu_flash_attention(q, k, v, bias, key_lengths=None):
     dp, tp = sharding.data_parallel_size(mesh), mesh.shape["tensor"]
     if b % dp == 0 and h % tp == 0:
       spec = jax.sharding.PartitionSpec(sharding.BATCH_AXES, "tensor")
-      bias_spec = (spec if bias_t is not None and bias_t.shape[0] > 1 else
-                   jax.sharding.PartitionSpec(None, "tensor"))
+      bias_spec = jax.sharding.PartitionSpec(
+          sharding.BATCH_AXES if bias_t is not None and bias_t.shape[0] > 1 else None,
+          "tensor" if bias_t is not None and bias_t.shape[1] > 1 else None)
       kernel = jax.shard_map(
           kernel, mesh=mesh,
           in_specs=(spec, spec, spec, bias_spec if bias_t is not None else None,

@@ -81,6 +81,12 @@ class ModelConfig:
   mlp: int = 512
   max_positions: int = 512
   ln_type: str = "post"
+  # Where positions enter: 'learned', a table of absolute position vectors added
+  # to the tokens (BERT, RoBERTa, MAE-LM); 'rope', rotary positions (Su et al.
+  # 2021; ModernBERT) applied to every attention's queries and keys at their
+  # original positions, no table. Either combines with the relative bias below;
+  # rope without it leaves the attention kernels no bias to read.
+  position: str = "learned"
   relative_position_bias: bool = True
   relative_buckets: int = 32
   relative_max_distance: int = 128
@@ -157,6 +163,7 @@ class ModelConfig:
         mlp=model_cfg.get("mlp") or mlp,
         max_positions=model_cfg.max_positions,
         ln_type=model_cfg.ln_type,
+        position=model_cfg.position,
         relative_position_bias=model_cfg.relative_position_bias,
         relative_buckets=model_cfg.relative_buckets,
         relative_max_distance=model_cfg.relative_max_distance,
@@ -265,17 +272,38 @@ class RelativePositionBias(nn.Module):
     return jnp.transpose(bias, (0, 3, 1, 2))  # [B, H, n, m]
 
 
+POSITIONS = ("learned", "rope")
+ROPE_THETA = 10000.0  # The rotary frequencies' base (RoFormer's, GPT-NeoX's).
+
+
+def rotary(x, positions):
+  """Rotary positions (Su et al. 2021) on x [B, L, H, d] at `positions` [B|1, L]:
+  the pairs (x[i], x[i + d/2]) turned by positions * theta^(-2i/d), in float32
+  (the rotate-half layout of GPT-NeoX, transformers' RoPE and ModernBERT). Then
+  q . k depends on the positions only through their difference."""
+  half = x.shape[-1] // 2
+  frequencies = ROPE_THETA ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles = positions.astype(jnp.float32)[..., None] * frequencies  # [B|1, L, d/2]
+  cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
+                         axis=-1).astype(x.dtype)
+
+
 class Attention(nn.Module):
   cfg: ModelConfig
   dropout_rate: float
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x_q, x_kv, bias, key_lengths=None):
+  def __call__(self, x_q, x_kv, bias, key_lengths=None, q_positions=None,
+               k_positions=None):
     """bias: additive float32 [B|1, H|1, n, m] (padding mask + position bias), or
     None; key_lengths: int32 [B], given only where a kernel (cuDNN, the TPU
     kernel) runs and the padding mask is not in the bias: row b's keys from
-    key_lengths[b] on are padding."""
+    key_lengths[b] on are padding. q_positions [B|1, n] and k_positions
+    [B|1, m]: the original positions of queries and keys, which rotate them
+    under `position='rope'`."""
     cfg = self.cfg
     proj = lambda name: nn.DenseGeneral(
         (cfg.num_heads, cfg.head_dim), dtype=cfg.dtype, name=name,
@@ -286,6 +314,8 @@ class Attention(nn.Module):
     q = proj("query")(x_q)
     k = proj("key")(x_kv)
     v = proj("value")(x_kv)
+    if cfg.position == "rope":
+      q, k = rotary(q, q_positions), rotary(k, k_positions)
     q = _constrain(q, ("batch", "act_len", "act_heads", "act_kv"))
     dropout_active = self.dropout_rate > 0 and not self.deterministic
     backend = cfg.attention_backend(dropout_active, x_q.shape[1], x_kv.shape[1])
@@ -359,7 +389,8 @@ class TransformerLayer(nn.Module):
   activation_dropout_rate: float | None = None  # None: dropout_rate.
 
   @nn.compact
-  def __call__(self, x, self_bias, memory=None, cross_bias=None, self_key_lengths=None):
+  def __call__(self, x, self_bias, memory=None, cross_bias=None, self_key_lengths=None,
+               positions=None, memory_positions=None):
     cfg, det = self.cfg, self.deterministic
     drop = lambda y: nn.Dropout(self.dropout_rate)(y, deterministic=det)
     attn = lambda name: Attention(cfg, self.attention_dropout_rate, det, name=name)
@@ -372,10 +403,12 @@ class TransformerLayer(nn.Module):
         return x + drop(fn(_layer_norm(cfg, f"{name}_ln")(x)))
       return _layer_norm(cfg, f"{name}_ln")(x + drop(fn(x)))
 
-    x = sublayer(x, lambda h: attn("self_attn")(h, h, self_bias, self_key_lengths),
+    x = sublayer(x, lambda h: attn("self_attn")(h, h, self_bias, self_key_lengths,
+                                                positions, positions),
                  "self_attn")
     if self.cross_attention:
-      x = sublayer(x, lambda h: attn("cross_attn")(h, memory, cross_bias),
+      x = sublayer(x, lambda h: attn("cross_attn")(h, memory, cross_bias, None,
+                                                   positions, memory_positions),
                    "cross_attn")
     activation_dropout = (self.dropout_rate if self.activation_dropout_rate is None
                           else self.activation_dropout_rate)
@@ -445,7 +478,8 @@ class Stack(nn.Module):
     as key lengths instead of a padding mask in the bias, which then stays
     [1, H, n, n]."""
     cfg = self.cfg
-    x = x + _positions_table(cfg, "position_embed")(positions).astype(x.dtype)
+    if cfg.position == "learned":
+      x = x + _positions_table(cfg, "position_embed")(positions).astype(x.dtype)
     if cfg.ln_type == "post":  # BERT/RoBERTa: LayerNorm on the summed embeddings.
       x = _layer_norm(cfg, "input_ln")(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
@@ -482,21 +516,22 @@ class Stack(nn.Module):
     if cfg.scan_layers:
       scanned = nn.scan(layer_cls, variable_axes={"params": 0},
                         split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast,) * 4,
+                        in_axes=(nn.broadcast,) * 6,
                         length=self.num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = scanned(cfg, self.dropout_rate, self.attention_dropout_rate,
                      self.deterministic, self.cross_attention, True,
                      self.activation_dropout_rate,
                      name=param_layout.SCANNED_LAYERS)(x, self_bias, memory, cross_bias,
-                                                       self_key_lengths)
+                                                       self_key_lengths, positions,
+                                                       memory_positions)
     else:
       for i in range(self.num_layers):
         x = layer_cls(cfg, self.dropout_rate, self.attention_dropout_rate,
                       self.deterministic, self.cross_attention,
                       activation_dropout_rate=self.activation_dropout_rate,
                       name=f"layer_{i}")(x, self_bias, memory, cross_bias,
-                                         self_key_lengths)
+                                         self_key_lengths, positions, memory_positions)
     if cfg.ln_type == "pre":
       x = _layer_norm(cfg, "final_ln")(x)
     return x

@@ -83,6 +83,12 @@ def _scores(k, q, bias_t, length, *, kv_len: int):
   return s
 
 
+def _bias_block(bias_ref, cols):
+  """The bias for a chunk of query columns: [m, bq], or a per-key mask's [m, 1]
+  (added to every query)."""
+  return bias_ref[:, cols] if bias_ref.shape[1] > 1 else bias_ref[...]
+
+
 def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
                     block_q: int, has_bias: bool):
   bias_ref = refs[0] if has_bias else None
@@ -91,8 +97,8 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
   k, v = k_ref[...], v_ref[...]
   for start in range(0, q_ref.shape[0], block_q):
     cols = pl.ds(start, block_q)
-    s = _scores(k, q_ref[cols, :], bias_ref[:, cols] if has_bias else None, length,
-                kv_len=kv_len)
+    s = _scores(k, q_ref[cols, :], _bias_block(bias_ref, cols) if has_bias else None,
+                length, kv_len=kv_len)
     top = jnp.max(s, axis=0, keepdims=True)  # [1, bq]
     p = jnp.exp(s - top)
     total = jnp.sum(p, axis=0, keepdims=True)
@@ -104,11 +110,10 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
 
 
 def _backward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
-                     block_q: int, has_bias: bool, shared_bias: bool):
-  if has_bias:
-    bias_ref, do_ref, lse_ref, di_ref, dq_ref, dk_ref, dv_ref, dbias_ref = refs
-  else:
-    (do_ref, lse_ref, di_ref, dq_ref, dk_ref, dv_ref), bias_ref = refs, None
+                     block_q: int, has_bias: bool, bias_grad: bool, shared_bias: bool):
+  bias_ref, refs = (refs[0], refs[1:]) if has_bias else (None, refs)
+  do_ref, lse_ref, di_ref, dq_ref, dk_ref, dv_ref = refs[:6]
+  dbias_ref = refs[6] if bias_grad else None
   row = pl.program_id(1)
   length = lengths_ref[row]
   k, v = k_ref[...], v_ref[...]
@@ -117,7 +122,8 @@ def _backward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
   for start in range(0, q_ref.shape[0], block_q):
     cols = pl.ds(start, block_q)
     q, do = q_ref[cols, :], do_ref[cols, :]
-    s = _scores(k, q, bias_ref[:, cols] if has_bias else None, length, kv_len=kv_len)
+    s = _scores(k, q, _bias_block(bias_ref, cols) if has_bias else None, length,
+                kv_len=kv_len)
     p = jnp.exp(s - lse_ref[:, cols])  # [m, bq]
     dp = lax.dot_general(v, do, _NT, preferred_element_type=jnp.float32)
     ds = p * (dp - di_ref[:, cols])
@@ -126,7 +132,7 @@ def _backward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
     dq_ref[cols, :] = lax.dot_general(ds.astype(k.dtype), k, _TN,
                                       preferred_element_type=jnp.float32
                                       ).astype(dq_ref.dtype)
-    if has_bias and shared_bias:  # Summed over the batch, the innermost axis.
+    if bias_grad and shared_bias:  # Summed over the batch, the innermost axis.
       @pl.when(row == 0)
       def _():
         dbias_ref[:, cols] = ds
@@ -134,7 +140,7 @@ def _backward_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, kv_len: int,
       @pl.when(row > 0)
       def _():
         dbias_ref[:, cols] += ds
-    elif has_bias:
+    elif bias_grad:
       dbias_ref[:, cols] = ds.astype(dbias_ref.dtype)
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -150,9 +156,10 @@ def _specs(b, h, n, m, d, bias_shape):
   kv_spec = pl.BlockSpec((None, None, m, d), head_row)
   specs = [q_spec, kv_spec, kv_spec]
   if bias_shape is not None:
-    per_row = bias_shape[0] > 1
+    per_row, per_head = bias_shape[0] > 1, bias_shape[1] > 1
     specs.append(pl.BlockSpec(
-        (None, None, m, n), lambda hi, bi, lengths: (bi if per_row else 0, hi, 0, 0)))
+        (None, None, m, bias_shape[3]),
+        lambda hi, bi, lengths: (bi if per_row else 0, hi if per_head else 0, 0, 0)))
   stats = pl.BlockSpec((None, None, 1, n), head_row)
   return q_spec, kv_spec, specs, stats
 
@@ -186,6 +193,7 @@ def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
   b, h, n, d = q.shape
   m = k.shape[2]
   has_bias = bias_t is not None
+  bias_grad = has_bias and not is_key_mask(bias_t)
   shared = has_bias and bias_t.shape[0] == 1
   q_spec, kv_spec, in_specs, stats = _specs(b, h, n, m, d,
                                             bias_t.shape if has_bias else None)
@@ -193,14 +201,14 @@ def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
                jax.ShapeDtypeStruct(k.shape, k.dtype),
                jax.ShapeDtypeStruct(v.shape, v.dtype)]
-  if has_bias:
+  if bias_grad:
     out_specs.append(in_specs[3])
     # A shared bias' gradient sums the rows in float32; a per-row one is
     # written as the bias was read (bfloat16 in a bfloat16 run: half the bytes).
     out_shape.append(jax.ShapeDtypeStruct(bias_t.shape,
                                           jnp.float32 if shared else bias_t.dtype))
   kernel = functools.partial(_backward_kernel, kv_len=kv_len, block_q=_block_q(n, m),
-                             has_bias=has_bias, shared_bias=shared)
+                             has_bias=has_bias, bias_grad=bias_grad, shared_bias=shared)
   bias_bytes = bias_t.dtype.itemsize if has_bias else 0
   args = (lengths, q, k, v, *([bias_t] if has_bias else []), do, lse, di)
   return pl.pallas_call(
@@ -219,12 +227,19 @@ def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
   )(*args)
 
 
+def is_key_mask(bias_t) -> bool:
+  """A bias [B|1, 1, m, 1]: one additive value a key (a padding mask that is not
+  a prefix of the row), the same for every head and query; a constant, whose
+  gradient `attention` does not compute."""
+  return bias_t.shape[1] == 1 and bias_t.shape[3] == 1
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def attention(q, k, v, bias_t, lengths, kv_len: int):
   """softmax(q k^T + bias + masks) v, q [B, H, n, d] already scaled, k and v
   [B, H, m, d] (n and m multiples of 128, at most `MAX_LENGTH`); `bias_t` the
-  additive bias transposed, [1|B, H, m, n] (float32 or the inputs' dtype), or
-  None; `lengths` int32 [B]: row b's keys from lengths[b] on are padding;
+  additive bias transposed, [1|B, H, m, n] (float32 or the inputs' dtype), a
+  constant per-key mask [1|B, 1, m, 1] (`is_key_mask`), or None; `lengths` int32 [B]: row b's keys from lengths[b] on are padding;
   keys from `kv_len` on are the caller's padding to 128. Returns [B, H, n, d]."""
   return _forward(q, k, v, bias_t, lengths, kv_len)[0]
 
@@ -241,8 +256,9 @@ def _attention_bwd(kv_len, residuals, do):
   grads = _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len)
   dq, dk, dv = grads[:3]
   dbias = None
-  if bias_t is not None:
-    dbias = grads[3].astype(bias_t.dtype)
+  if bias_t is not None:  # (A key mask is a constant: no gradient computed.)
+    dbias = (jnp.zeros_like(bias_t) if is_key_mask(bias_t)
+             else grads[3].astype(bias_t.dtype))
   return dq, dk, dv, dbias, None
 
 

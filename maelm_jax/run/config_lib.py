@@ -329,6 +329,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
        f"model.decoder_dropout={m.decoder_dropout} must be in [0, 1)")
   for problem in dropout_and_kernel_errors(m, "model."):
     need(False, problem)
+  need(m.position in model_lib.POSITIONS,
+       f"model.position={m.get('position')!r} must be one of {model_lib.POSITIONS}")
+  if m.position == "rope":
+    heads = m.num_heads or model_lib.SIZES[m.size][2]
+    hidden = m.hidden or model_lib.SIZES[m.size][1]
+    need(hidden % heads == 0 and (hidden // heads) % 2 == 0,
+         f"model.position='rope' turns pairs of a head's dimensions: the head size "
+         f"({hidden} / {heads} heads) must be even")
   need(config.model.relative_bias_init in relative_position.RELATIVE_BIAS_INITS,
        f"model.relative_bias_init={m.get('relative_bias_init')!r} must be one of "
        f"{relative_position.RELATIVE_BIAS_INITS}")

@@ -18,6 +18,8 @@ class MaelmConfig(PretrainedConfig):
     stores the run's exact buckets, T5's or the MAE-LM release's).
   untie_cls_position: position 0 ([CLS]) neither gives nor gets that bias
     (False for recipe=paper, as the MAE-LM release).
+  position: "learned" (a table of absolute positions added to the tokens) or
+    "rope" (rotary positions on every attention's queries and keys, no table).
   mlp_activation: "gelu" (wo(gelu(wi x))) or "geglu" (wo(gelu(wi_0 x) * wi_1 x)).
   normformer: NormFormer's extra LayerNorms, on each attention's output and on
     the FFN's hidden units.
@@ -28,7 +30,7 @@ class MaelmConfig(PretrainedConfig):
   # gives the run's values.
   FIELDS = dict(vocab_size=8000, hidden_size=128, num_hidden_layers=2,
                 num_attention_heads=2, intermediate_size=512,
-                max_position_embeddings=512, ln_type="pre",
+                max_position_embeddings=512, ln_type="pre", position="learned",
                 relative_position_bias=True, relative_buckets=32,
                 relative_max_distance=128, untie_cls_position=True,
                 layer_norm_eps=1e-5, objective="maelm",

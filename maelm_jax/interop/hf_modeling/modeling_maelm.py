@@ -5,8 +5,8 @@ Written into an export directory by `python -m maelm_jax.interop.export_hf` and 
     model = AutoModel.from_pretrained(dir, trust_remote_code=True)
 
 It is the fine-tuning encoder of `maelm_jax/modeling/model.py` (`Encoder`): token and
-absolute position embeddings, pre- or post-LN transformer layers, and the optional
-relative position bias shared by all layers. Parameter names follow the JAX tree
+absolute position embeddings (or rotary positions), pre- or post-LN transformer
+layers, and the optional relative position bias shared by all layers. Parameter names follow the JAX tree
 (`encoder.layer_0.self_attn.query` is `params['encoder']['layer_0']['self_attn']
 ['query']`). Self-contained: needs only torch and transformers.
 """
@@ -24,6 +24,19 @@ from transformers.modeling_outputs import (BaseModelOutput, MaskedLMOutput,
 from .configuration_maelm import MaelmConfig
 
 NEG_INF = -1e9  # As in maelm-jax: finite, so a row with no valid key stays NaN-free.
+ROPE_THETA = 10000.0  # maelm_jax.modeling.model.ROPE_THETA
+
+
+def rotary(x, positions):
+  """maelm_jax.modeling.model.rotary on x [B, H, L, d] at positions [B, L]: the
+  pairs (x[i], x[i + d/2]) turned by positions * theta^(-2i/d), in float32."""
+  half = x.shape[-1] // 2
+  frequencies = ROPE_THETA ** (-torch.arange(half, dtype=torch.float32,
+                                             device=x.device) / half)
+  angles = positions.float()[:, None, :, None] * frequencies  # [B, 1, L, d/2]
+  cos, sin = angles.cos(), angles.sin()
+  x1, x2 = x.float().chunk(2, dim=-1)
+  return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 def relative_position_bucket(relative_position, num_buckets, max_distance):
@@ -77,13 +90,16 @@ class MaelmAttention(nn.Module):
     self.head_dim = d // self.num_heads
     self.query, self.key, self.value, self.out = (nn.Linear(d, d) for _ in range(4))
 
-  def forward(self, x, bias, memory=None):
-    """Self-attention, or with `memory` [B, m, D], attention to it."""
+  def forward(self, x, bias, memory=None, rope=None):
+    """Self-attention, or with `memory` [B, m, D], attention to it; `rope`:
+    (query positions [B, n], key positions [B, m]) to rotate q and k by."""
     kv = x if memory is None else memory
     split = lambda t: t.view(t.shape[0], t.shape[1], self.num_heads,
                              self.head_dim).transpose(1, 2)
-    q = split(self.query(x)) / math.sqrt(self.head_dim)
-    k, v = split(self.key(kv)), split(self.value(kv))
+    q, k, v = split(self.query(x)), split(self.key(kv)), split(self.value(kv))
+    if rope is not None:
+      q, k = rotary(q, rope[0]), rotary(k, rope[1])
+    q = q / math.sqrt(self.head_dim)
     probs = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1)
     out = (probs @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
     return self.out(out)
@@ -144,10 +160,11 @@ class MaelmLayer(nn.Module):
       return out if out_ln is None else out_ln(out)
     return branch
 
-  def forward(self, x, bias, memory=None, cross_bias=None):
-    x = self._sublayer(x, self._attention("self_attn", bias), self.self_attn_ln)
+  def forward(self, x, bias, memory=None, cross_bias=None, rope=None, cross_rope=None):
+    x = self._sublayer(x, self._attention("self_attn", bias, None, rope),
+                       self.self_attn_ln)
     if hasattr(self, "cross_attn"):
-      x = self._sublayer(x, self._attention("cross_attn", cross_bias, memory),
+      x = self._sublayer(x, self._attention("cross_attn", cross_bias, memory, cross_rope),
                          self.cross_attn_ln)
     return self._sublayer(x, self.mlp, self.mlp_ln)
 
@@ -161,8 +178,10 @@ class MaelmEncoder(nn.Module):
     super().__init__()
     eps = config.layer_norm_eps
     self.pre = config.ln_type == "pre"
-    self.position_embed = nn.Embedding(config.max_position_embeddings,
-                                       config.hidden_size)
+    self.rope = getattr(config, "position", "learned") == "rope"
+    if not self.rope:
+      self.position_embed = nn.Embedding(config.max_position_embeddings,
+                                         config.hidden_size)
     if not self.pre:
       self.input_ln = nn.LayerNorm(config.hidden_size, eps=eps)
     if (config.relative_position_bias if relative_position_bias is None
@@ -178,7 +197,8 @@ class MaelmEncoder(nn.Module):
 
   def forward(self, x, positions, valid, output_hidden_states=False, memory=None,
               memory_valid=None, memory_positions=None):
-    x = x + self.position_embed(positions)
+    if not self.rope:
+      x = x + self.position_embed(positions)
     if not self.pre:
       x = self.input_ln(x)
     bias = torch.where(valid, 0.0, NEG_INF)[:, None, None, :].to(x.dtype)
@@ -189,9 +209,11 @@ class MaelmEncoder(nn.Module):
       cross_bias = torch.where(memory_valid, 0.0, NEG_INF)[:, None, None, :].to(x.dtype)
       if hasattr(self, "cross_relative_bias"):
         cross_bias = cross_bias + self.cross_relative_bias(positions, memory_positions)
+    rope = (positions, positions) if self.rope else None
+    cross_rope = (positions, memory_positions) if self.rope else None
     hidden_states = [x]
     for layer in self.layers:
-      x = layer(x, bias, memory, cross_bias)
+      x = layer(x, bias, memory, cross_bias, rope, cross_rope)
       hidden_states.append(x)
     if self.pre:
       x = self.final_ln(x)
