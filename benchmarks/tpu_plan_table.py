@@ -38,13 +38,19 @@ OBJECTIVES = {"mlm": {}, "maelm": {}, "3ml": {"model.decoder_type": "cross"}}
 REMAT = ("none", "full")  # The default, and the most memory-saving policy.
 
 
-def make_config(objective, size, batch, remat, chips, seq_len):
+# How a row lays the step out: 'fsdp' (the search's) fsdp over the slice, layers
+# scanned (one compiled layer per stack: fast compiles); 'default' the configs'
+# own layout, data-parallel (the weights on every chip) with unscanned layers.
+LAYOUTS = ("fsdp", "default")
+
+
+def make_config(objective, size, batch, remat, chips, seq_len, layout="fsdp"):
   config = pretrain.get_config(f"objective={objective},size={size}")
   config.unlock()
   config.seq_len, config.batch_size = seq_len, batch
-  config.mesh_shape = (1, chips, 1)  # fsdp over the slice.
+  config.mesh_shape = (1, chips, 1) if layout == "fsdp" else (chips, 1, 1)
   config.tokenizer.vocab_size = 32000  # A BERT-sized vocabulary.
-  config.model.scan_layers = True  # One compiled layer per stack: fast compiles.
+  config.model.scan_layers = layout == "fsdp"
   config.model.remat_policy = remat
   for key, value in OBJECTIVES[objective].items():
     node = config
@@ -56,8 +62,8 @@ def make_config(objective, size, batch, remat, chips, seq_len):
 
 
 def try_batch(objective, size, batch, remat, devices, topology, seq_len,
-              estimate=False):
-  config = make_config(objective, size, batch, remat, len(devices), seq_len)
+              estimate=False, layout="fsdp"):
+  config = make_config(objective, size, batch, remat, len(devices), seq_len, layout)
   result = plan.plan_built(plan.build(config, devices), topology, devices,
                            estimate=estimate)
   gc.collect()
@@ -114,11 +120,12 @@ def largest_batch(objective, size, remat, devices, topology, seq_len, log):
   return lo, best, compiles
 
 
-def estimate_at(objective, size, remat, devices, topology, seq_len, batch, log):
+def estimate_at(objective, size, remat, devices, topology, seq_len, batch, log,
+                layout="fsdp"):
   """The plan's estimate (step time, MFU, what bounds it) at `batch`."""
   try:
     return try_batch(objective, size, batch, remat, devices, topology, seq_len,
-                     estimate=True)
+                     estimate=True, layout=layout)
   except Exception as error:  # pylint: disable=broad-except
     log(f"    no estimate at batch {batch}: {str(error).splitlines()[0][:200]}")
     return None
@@ -132,41 +139,55 @@ HBM_COUNT = "hlo_stats-hbm-only"
 OLD_COUNTS = ("hlo_stats",)  # Still printed, marked, until estimated again.
 
 
+# The attention the step ran when its row was estimated: rows estimated before
+# the project's kernel (`modeling/tpu_attention.py`; the stock Pallas kernel,
+# its bias per row and its statistics block-wide) are estimated again, at the
+# batch their search found (the smaller step may fit a larger one: not searched).
+ATTENTION_KERNEL = "maelm_attention"
+
+
 def is_current(row) -> bool:
-  return "roofline_seconds" in row and row.get("hbm_count") == HBM_COUNT
+  return ("roofline_seconds" in row and row.get("hbm_count") == HBM_COUNT
+          and row.get("attention_kernel") == ATTENTION_KERNEL)
 
 
 def is_old_count(row) -> bool:
-  return "roofline_seconds" in row and row.get("hbm_count") in OLD_COUNTS
+  """Estimated with an older count, or of the step before the project's kernel."""
+  return "roofline_seconds" in row and (
+      row.get("hbm_count") in OLD_COUNTS or (row.get("hbm_count") == HBM_COUNT and
+                                             not is_current(row)))
 
 
 def key(row) -> tuple:
-  return row["objective"], row["size"], row["topology"], row["remat"]
+  return (row["objective"], row["size"], row["topology"], row["remat"],
+          row.get("layout", "fsdp"))
 
 
 def markdown(rows) -> list[str]:
   """The table: the roofline's step (the largest of its terms, `bound_by`) and,
   beside it, the step if only the FLOPs counted (the best case), with the MFU
   of each."""
-  lines = ["| objective | size | slice | remat | largest batch | memory/chip | "
+  lines = ["| objective | size | slice | remat | layout | batch | memory/chip | "
            "est. step (bound by) | est. tokens/s | est. MFU | FLOP-bound step (MFU) | "
            "collectives per step |",
-           "|---|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
+           "|---|---|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
   order = lambda row: (["base", "large"].index(row["size"]) if row["size"] in ("base", "large")
                        else 2, list(OBJECTIVES).index(row["objective"]), row["topology"],
-                       list(REMAT).index(row["remat"]) if row["remat"] in REMAT else 2)
+                       list(REMAT).index(row["remat"]) if row["remat"] in REMAT else 2,
+                       row.get("layout", "fsdp") != "fsdp")
   for row in sorted(rows, key=order):
+    # fsdp rows: the largest batch that fits; default rows: the fsdp row's batch.
+    head = (f"| {row['objective']} | {row['size']} | {row['topology']} | "
+            f"{row['remat']} | {row.get('layout', 'fsdp')} | ")
     if row.get("fits") is False:  # Estimated after a change to the step.
-      lines.append(f"| {row['objective']} | {row['size']} | {row['topology']} | "
-                   f"{row['remat']} | {row['batch']}? | {row['bytes_per_chip'] / 1e9:.1f} GB | "
+      lines.append(head + f"{row['batch']}? | {row['bytes_per_chip'] / 1e9:.1f} GB | "
                    "over the chip now: the step changed since the search; "
                    "search pending | | | | |")
       continue
     if not row["batch"] or not (is_current(row) or is_old_count(row)):
       memory = (f"{row['bytes_per_chip'] / 1e9:.1f} GB" if row.get("bytes_per_chip")
                 else "")
-      lines.append(f"| {row['objective']} | {row['size']} | {row['topology']} | "
-                   f"{row['remat']} | {row['batch'] or 'none fits'} | {memory} | "
+      lines.append(head + f"{row['batch'] or 'none fits'} | {memory} | "
                    f"{'estimate pending' if row['batch'] else ''} | | | | |")
       continue
     collectives = ", ".join(f"{k} {v['count']}" for k, v in row["collectives"].items())
@@ -176,10 +197,9 @@ def markdown(rows) -> list[str]:
                      row["mfu"] * row["step_seconds"])
     best = f"{flop_bound * 1e3:.0f} ms ({row['mfu'] * row['step_seconds'] / flop_bound:.0%})"
     lines.append(
-        f"| {row['objective']} | {row['size']} | {row['topology']} | {row['remat']} | "
-        f"{row['batch']} | {row['bytes_per_chip'] / 1e9:.1f} GB | "
+        head + f"{row['batch']} | {row['bytes_per_chip'] / 1e9:.1f} GB | "
         f"{row['step_seconds'] * 1e3:.0f} ms ({row.get('bound_by', '')}"
-        f"{'' if is_current(row) else ', old count'}) | "
+        f"{'' if is_current(row) else ', old count' if row.get('hbm_count') != HBM_COUNT else ', stock kernel'}) | "
         f"{row['tokens_per_second']:,.0f} | {row['mfu']:.0%} | {best} | {collectives} |")
   return lines
 
@@ -192,6 +212,10 @@ def main():
   parser.add_argument("--topologies", default="v5e:4x4,v5p:2x2x1")
   parser.add_argument("--remat", default=",".join(REMAT))
   parser.add_argument("--seq_len", type=int, default=512)
+  parser.add_argument("--layout", default="fsdp", choices=LAYOUTS,
+                      help="fsdp: search the largest batch (fsdp over the slice, "
+                      "scanned layers); default: estimate the configs' own layout "
+                      "(data-parallel, unscanned) at the fsdp row's batch")
   parser.add_argument("--markdown", action="store_true",
                       help="print the table from --out and exit")
   args = parser.parse_args()
@@ -207,14 +231,22 @@ def main():
     for objective in args.objectives.split(","):
       for devices, name in slices:
         for remat in args.remat.split(","):
-          old = by_key.get((objective, size, name, remat))
+          old = by_key.get((objective, size, name, remat, args.layout))
           if old is not None and old.get("fits") is False:
             old = None  # The step changed since its search and no longer fits: again.
           if old is not None and (not old["batch"] or is_current(old)):
             continue
           log(f"{objective} {size} {name} remat={remat}:")
           started = time.perf_counter()
-          if old is not None:  # Searched already: only the estimate is missing.
+          searched = by_key.get((objective, size, name, remat, "fsdp"))
+          if args.layout == "default":  # At the batch the fsdp search found.
+            if searched is None or not searched["batch"]:
+              log("  no fsdp row to take the batch from: search it first")
+              continue
+            batch, compiles = searched["batch"], 1
+            best = estimate_at(objective, size, remat, devices, name, args.seq_len,
+                               batch, log, layout="default")
+          elif old is not None:  # Searched already: only the estimate is missing.
             batch, compiles = old["batch"], old["compiles"]
             best = estimate_at(objective, size, remat, devices, name, args.seq_len,
                                batch, log)
@@ -222,7 +254,8 @@ def main():
             batch, best, compiles = largest_batch(objective, size, remat, devices,
                                                   name, args.seq_len, log)
           row = {"objective": objective, "size": size, "topology": name,
-                 "remat": remat, "seq_len": args.seq_len, "batch": batch,
+                 "remat": remat, "layout": args.layout, "seq_len": args.seq_len,
+                 "batch": batch,
                  "compiles": compiles,
                  "search_seconds": round(time.perf_counter() - started)
                                    + (old or {}).get("search_seconds", 0)}
@@ -233,6 +266,7 @@ def main():
                         "mfu": best["estimated_mfu"], "bound_by": best["bound_by"],
                         "roofline_seconds": best["roofline_seconds"],
                         "hbm_count": HBM_COUNT, "fits": bool(best["fits"]),
+                        "attention_kernel": ATTENTION_KERNEL,
                         "hbm_traffic_bytes_per_chip": best["hbm_traffic_bytes_per_chip"],
                         "hbm_traffic_by_category_per_chip":
                             best["hbm_traffic_by_category_per_chip"],

@@ -155,9 +155,6 @@ def get_config(arg=None):
   # 'learned': a table of absolute positions; 'rope': rotary positions on every
   # attention's queries and keys (with relative_position_bias=False, no bias at all).
   config.model.position = "learned"
-  # 'learned': a table of absolute positions; 'rope': rotary positions on every
-  # attention's queries and keys (with relative_position_bias=False, no bias at all).
-  config.model.position = "learned"
   # T5-style relative position bias, one table shared by all layers.
   config.model.relative_position_bias = True
   config.model.relative_buckets = 32  # Rows of the relative position table.
