@@ -179,21 +179,23 @@ def count_tpu_kernel_calls(monkeypatch):
   return calls
 
 
-@pytest.mark.parametrize("objective,decoder_type,lengths", [
-    ("mlm", None, {(128, 128)}),
+@pytest.mark.parametrize("objective,decoder_type,lengths,scanned", [
+    ("mlm", None, {(128, 128)}, False),
+    # The layers under one nn.scan: the kernel's call traced once a stack.
+    ("mlm", None, {(128, 128)}, True),
     # 3ML drops its 51 [MASK]ed slots: a 77-token encoder, padded to 128.
-    ("3ml", None, {(77, 77), (128, 128)}),
+    ("3ml", None, {(77, 77), (128, 128)}, False),
     # MAE-LM's 111 visible tokens (17 removed), and the cross decoder's 19
     # selected slots over them.
-    ("maelm", "cross", {(111, 111), (19, 19), (19, 111)}),
+    ("maelm", "cross", {(111, 111), (19, 19), (19, 111)}, False),
 ])
 def test_tpu_flash_kernel_matches_the_einsum_with_bias_gradients(
-    monkeypatch, objective, decoder_type, lengths):
+    monkeypatch, objective, decoder_type, lengths, scanned):
   """The real Pallas TPU flash-attention kernel (interpreted on CPU) at every
   call site, lengths that are not multiples of its 128-wide blocks padded with
   keys nobody attends to: loss and every gradient, the relative-bias tables'
   included, equal the einsum path's."""
-  overrides = dict(KERNEL_OVERRIDES)
+  overrides = dict(KERNEL_OVERRIDES, **{"model.scan_layers": scanned})
   if decoder_type:
     overrides["model.decoder_type"] = decoder_type
   cfg = build(objective, **overrides)
