@@ -5,6 +5,8 @@ estimated step time, MFU and collectives at that batch.
 
     pip install -e '.[tpu]'
     python benchmarks/tpu_plan_table.py --out=benchmarks/tpu_plan_table.jsonl
+    # the configs' own layout (data-parallel, unscanned) at the batches found:
+    python benchmarks/tpu_plan_table.py --sizes=base --remat=none --layout=default
 
 Every number is maelm_jax.plan's: the run's own step compiled by libtpu for the
 named chips on this CPU host, a compile-time model, not a measurement. The
