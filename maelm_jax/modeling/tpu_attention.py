@@ -164,6 +164,24 @@ def _specs(b, h, n, m, d, bias_shape):
   return q_spec, kv_spec, specs, stats
 
 
+def _call(kernel, args, in_specs, out_specs, out_shape, *, b, h, n, m, d, bias_t,
+          matmuls: int, name: str):
+  """One pallas_call on the (heads, rows) grid, the rows innermost and in order
+  (a shared bias' gradient accumulates over them), `lengths` (args[0]) in SMEM."""
+  bias_bytes = bias_t.dtype.itemsize if bias_t is not None else 0
+  return pl.pallas_call(
+      kernel,
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1, grid=(h, b), in_specs=in_specs, out_specs=out_specs),
+      out_shape=out_shape,
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=("parallel", "arbitrary"),
+          vmem_limit_bytes=_vmem_limit(n, m, d, bias_bytes)),
+      cost_estimate=_cost(args, out_shape, b, h, n, m, d, matmuls=matmuls),
+      name=name,
+  )(*args)
+
+
 def _forward(q, k, v, bias_t, lengths, kv_len: int):
   b, h, n, d = q.shape
   m = k.shape[2]
@@ -171,22 +189,11 @@ def _forward(q, k, v, bias_t, lengths, kv_len: int):
   q_spec, _, in_specs, stats = _specs(b, h, n, m, d, bias_t.shape if has_bias else None)
   kernel = functools.partial(_forward_kernel, kv_len=kv_len, block_q=_block_q(n, m),
                              has_bias=has_bias)
-  bias_bytes = bias_t.dtype.itemsize if has_bias else 0
   args = (lengths, q, k, v, *([bias_t] if has_bias else []))
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
                jax.ShapeDtypeStruct((b, h, 1, n), jnp.float32)]
-  return pl.pallas_call(
-      kernel,
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=1, grid=(h, b), in_specs=in_specs,
-          out_specs=[q_spec, stats]),
-      out_shape=out_shape,
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "arbitrary"),
-          vmem_limit_bytes=_vmem_limit(n, m, d, bias_bytes)),
-      cost_estimate=_cost(args, out_shape, b, h, n, m, d, matmuls=2),
-      name="maelm_attention_fwd",
-  )(*args)
+  return _call(kernel, args, in_specs, [q_spec, stats], out_shape, b=b, h=h, n=n,
+               m=m, d=d, bias_t=bias_t, matmuls=2, name="maelm_attention_fwd")
 
 
 def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
@@ -209,22 +216,11 @@ def _backward(q, k, v, bias_t, lengths, lse, di, do, kv_len: int):
                                           jnp.float32 if shared else bias_t.dtype))
   kernel = functools.partial(_backward_kernel, kv_len=kv_len, block_q=_block_q(n, m),
                              has_bias=has_bias, bias_grad=bias_grad, shared_bias=shared)
-  bias_bytes = bias_t.dtype.itemsize if has_bias else 0
   args = (lengths, q, k, v, *([bias_t] if has_bias else []), do, lse, di)
-  return pl.pallas_call(
-      kernel,
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=1, grid=(h, b),
-          in_specs=[*in_specs, q_spec, stats, stats], out_specs=out_specs),
-      out_shape=out_shape,
-      compiler_params=pltpu.CompilerParams(
-          # The rows accumulate a shared bias' gradient: one after the other.
-          dimension_semantics=("parallel", "arbitrary"),
-          vmem_limit_bytes=_vmem_limit(n, m, d, bias_bytes)),
-      # The scores again, then dp, dv, dk and dq: five products.
-      cost_estimate=_cost(args, out_shape, b, h, n, m, d, matmuls=5),
-      name="maelm_attention_bwd",
-  )(*args)
+  # Five products: the scores again, then dp, dv, dk and dq.
+  return _call(kernel, args, [*in_specs, q_spec, stats, stats], out_specs, out_shape,
+               b=b, h=h, n=n, m=m, d=d, bias_t=bias_t, matmuls=5,
+               name="maelm_attention_bwd")
 
 
 def is_key_mask(bias_t) -> bool:
