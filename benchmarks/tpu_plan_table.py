@@ -141,16 +141,18 @@ HBM_COUNT = "hlo_stats-hbm-only"
 OLD_COUNTS = ("hlo_stats",)  # Still printed, marked, until estimated again.
 
 
-# The attention the step ran when its row was estimated: rows estimated before
-# the project's kernel (`modeling/tpu_attention.py`; the stock Pallas kernel,
-# its bias per row and its statistics block-wide) are estimated again, at the
-# batch their search found (the smaller step may fit a larger one: not searched).
-ATTENTION_KERNEL = "maelm_attention"
+# The step a row was estimated with: rows of an earlier step are estimated
+# again, at the batch their search found (a smaller step may fit a larger one:
+# not searched). Before "maelm_attention": the stock Pallas kernel (its bias per
+# row, its statistics block-wide); then the project's kernel
+# (`modeling/tpu_attention.py`) without activation constraints (XLA laid fsdp's
+# activations out as the weights); now with them (`model._constrain`).
+STEP = "maelm_attention+constraints"
 
 
 def is_current(row) -> bool:
   return ("roofline_seconds" in row and row.get("hbm_count") == HBM_COUNT
-          and row.get("attention_kernel") == ATTENTION_KERNEL)
+          and row.get("step") == STEP)
 
 
 def is_old_count(row) -> bool:
@@ -201,7 +203,7 @@ def markdown(rows) -> list[str]:
     lines.append(
         head + f"{row['batch']} | {row['bytes_per_chip'] / 1e9:.1f} GB | "
         f"{row['step_seconds'] * 1e3:.0f} ms ({row.get('bound_by', '')}"
-        f"{'' if is_current(row) else ', old count' if row.get('hbm_count') != HBM_COUNT else ', stock kernel'}) | "
+        f"{'' if is_current(row) else ', old count' if row.get('hbm_count') != HBM_COUNT else ', earlier step'}) | "
         f"{row['tokens_per_second']:,.0f} | {row['mfu']:.0%} | {best} | {collectives} |")
   return lines
 
@@ -268,7 +270,7 @@ def main():
                         "mfu": best["estimated_mfu"], "bound_by": best["bound_by"],
                         "roofline_seconds": best["roofline_seconds"],
                         "hbm_count": HBM_COUNT, "fits": bool(best["fits"]),
-                        "attention_kernel": ATTENTION_KERNEL,
+                        "step": STEP,
                         "hbm_traffic_bytes_per_chip": best["hbm_traffic_bytes_per_chip"],
                         "hbm_traffic_by_category_per_chip":
                             best["hbm_traffic_by_category_per_chip"],

@@ -29,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from maelm_jax.core import sharding
 from maelm_jax.modeling import attention, masking, param_layout
 from maelm_jax.modeling import relative_position
 
@@ -236,11 +237,27 @@ def _residual_out_init(cfg):
 
 
 def _constrain(x, axes):
-  # A no-op unless traced under `nn.logical_axis_rules` and a mesh. The steps
-  # (train_lib.jit_steps) are traced under neither today: the train step holds no
-  # sharding constraint, and XLA propagates the activations' shardings from the
-  # parameters' and the batch's.
-  return nn.with_logical_constraint(x, axes)
+  """x laid out by its logical `axes` (sharding.LOGICAL_AXIS_RULES: the rows over
+  data x fsdp, heads and the FFN's units over tensor) on the mesh the step is
+  traced for (`attention.kernel_mesh`, set by train_lib's steps); a mesh axis a
+  dimension does not divide is left out. Outside a step (or on one device) x is
+  returned as it is. Without these constraints XLA propagated the activations'
+  layout from the parameters', and under fsdp sharded activations as the weights
+  are, moving 6x the HBM bytes of the data-parallel step (benchmarks/tpu-plans.md)."""
+  mesh = attention._KERNEL_MESH.get()  # pylint: disable=protected-access
+  if mesh is None or mesh.size == 1:
+    return x
+  rules = dict(sharding.LOGICAL_AXIS_RULES)
+  spec = []
+  for dim, name in zip(x.shape, axes):
+    mesh_axes = rules.get(name)
+    mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+    size = 1
+    for axis in mesh_axes:
+      size *= mesh.shape[axis]
+    spec.append(mesh_axes if mesh_axes and dim % size == 0 else None)
+  return jax.lax.with_sharding_constraint(
+      x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)))
 
 
 class RelativePositionBias(nn.Module):
