@@ -50,6 +50,45 @@ def test_single_device_and_2x2x2_mesh_give_the_same_losses(objective):
                                       min_size=4096) == 0.0
 
 
+def _sharding_constraints(jaxpr) -> list:
+  """The sharding_constraint equations of a jaxpr and of every jaxpr inside it."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "sharding_constraint":
+      found.append(eqn.params["sharding"].spec)
+    for value in eqn.params.values():
+      for sub in (value if isinstance(value, (tuple, list)) else [value]):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          found.extend(_sharding_constraints(inner))
+  return found
+
+
+def test_the_train_step_lays_activations_out_by_their_logical_axes():
+  """On a (data 2, fsdp 2, tensor 2) mesh the traced train step holds the model's
+  activation constraints (it held none: XLA then took the activations' layout
+  from the sharded weights, 4x the HBM bytes under fsdp on TPU): the rows over
+  data x fsdp, the heads and the FFN's units over tensor; on one device, none."""
+  config = tiny_config("mlm")
+  cfg = model_lib.ModelConfig.from_config(config.model, VOCAB, 4)
+  tx = train_lib.make_optimizer(config)
+  specs = {}
+  for shape in ((2, 2, 2), (1, 1, 1)):
+    mesh = sharding.make_mesh(shape, jax.devices()[:int(np.prod(shape))])
+    state, shardings = train_lib.create_sharded_state(cfg, config.seq_len, tx, mesh, 0)
+    step_fn, _ = train_lib.jit_steps(cfg, config.seq_len, tx, mesh, shardings)
+    ids = random_ids(config.batch_size, config.seq_len, 21)
+    traced = step_fn.trace(state, {"input_ids": ids}, train_lib.learning_rate_knots(config))
+    specs[shape] = _sharding_constraints(traced.jaxpr.jaxpr)
+  assert specs[(1, 1, 1)] == []
+  constrained = [tuple(spec) for spec in specs[(2, 2, 2)]]
+  rows = ("data", "fsdp")
+  # Per layer: the residual stream [B, L, D], q [B, L, H, d], the FFN's hidden units.
+  assert constrained.count((rows, None, None)) >= 2 * cfg.num_layers, constrained
+  assert (rows, None, "tensor", None) in constrained
+  assert (rows, None, "tensor") in constrained
+
+
 def test_gradient_accumulation_gives_the_same_update():
   config = tiny_config("maelm", **{"model.dropout": 0.0,
                                    "model.attention_dropout": 0.0})
