@@ -96,7 +96,9 @@ def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_
   # the bias among them; the first-principles count beside it, both printed.
   budget = result["hbm_traffic_by_category_per_chip"]
   assert sum(budget.values()) == pytest.approx(result["hbm_traffic_bytes_per_chip"])
-  assert {"matmuls", "attention kernels", "position bias"} <= set(budget), budget
+  # (At this size, its activations laid out by rows, the compiler keeps the
+  # kernels' q, k, v and outputs in VMEM: no HBM bytes of theirs to count.)
+  assert {"matmuls", "position bias"} <= set(budget), budget
   needed = result["hbm_first_principles_per_chip"]
   parts = ("weights and optimizer", "activations", "position bias", "head")
   assert all(needed[p] > 0 for p in parts), needed
