@@ -51,6 +51,11 @@ def kernel_mesh(mesh):
     _KERNEL_MESH.reset(token)
 
 
+def current_mesh():
+  """The mesh the traced step is compiled for (`kernel_mesh`), or None."""
+  return _KERNEL_MESH.get()
+
+
 def target_platform() -> str:
   """'tpu', 'gpu' or 'cpu': the platform of the devices the traced step is
   compiled for (the kernel mesh's), else this host's default backend."""

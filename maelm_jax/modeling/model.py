@@ -244,7 +244,7 @@ def _constrain(x, axes):
   returned as it is. Without these constraints XLA propagated the activations'
   layout from the parameters', and under fsdp sharded activations as the weights
   are, moving 6x the HBM bytes of the data-parallel step (benchmarks/tpu-plans.md)."""
-  mesh = attention._KERNEL_MESH.get()  # pylint: disable=protected-access
+  mesh = attention.current_mesh()
   if mesh is None or mesh.size == 1:
     return x
   rules = dict(sharding.LOGICAL_AXIS_RULES)
