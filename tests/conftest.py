@@ -30,6 +30,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pathlib  # noqa: E402
+import resource  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -102,13 +103,37 @@ if COMPILE_LOG:
 
   jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
+
+# MAELM_TEST_CPU_LOG=<file>: each test's CPU seconds (user + system, setup and
+# teardown included), of the test process and of the runs it started and waited
+# for, a line per test appended to the file. On a machine the suite keeps busy,
+# wall-clock durations mostly say which tests ran beside which; CPU seconds say
+# what a test costs: sort -t$'\t' -k2 -g -r <file> | head -40
+CPU_LOG = os.environ.get("MAELM_TEST_CPU_LOG")
+
+
+
+def _cpu_seconds():
+  own, children = (resource.getrusage(who) for who in
+                   (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+  return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+if COMPILE_LOG or CPU_LOG:
   @pytest.hookimpl(hookwrapper=True)
   def pytest_runtest_protocol(item, nextitem):
     del nextitem
     _compiles.update(count=0, seconds=0.0)
+    own, children = _cpu_seconds() if CPU_LOG else (0.0, 0.0)
     yield
-    with open(COMPILE_LOG, "a", encoding="utf-8") as log:
-      log.write(f"{item.nodeid}\t{_compiles['count']}\t{_compiles['seconds']:.1f}\n")
+    if COMPILE_LOG:
+      with open(COMPILE_LOG, "a", encoding="utf-8") as log:
+        log.write(f"{item.nodeid}\t{_compiles['count']}\t{_compiles['seconds']:.1f}\n")
+    if CPU_LOG:
+      own_after, children_after = _cpu_seconds()
+      with open(CPU_LOG, "a", encoding="utf-8") as log:
+        log.write(f"{item.nodeid}\t{own_after - own + children_after - children:.1f}"
+                  f"\t{own_after - own:.1f}\t{children_after - children:.1f}\n")
 
 
 def pytest_unconfigure(config):
