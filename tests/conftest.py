@@ -17,6 +17,14 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_backend_optimization_level=1")  # = helpers.xla_flags(8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Most of XLA's optimisation off (LLVM at -O0, its expensive passes skipped) for
+# the tests and every run they start: the suite's CPU goes mostly to compiling
+# tiny programs, and these compile about a third cheaper (the tiny MAE-LM's train
+# step 5.5 against 7.9 CPU-s; test_model + test_scan_layers 255 against 338
+# CPU-s, benchmarks/test-suite-cost.md). A test whose cost is running many steps
+# (or that compiles for TPU chips, as a user's plan does) is marked `optimized`:
+# the fixture below turns the optimisations back on for it and the runs it starts.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 # One persistent compilation cache for the whole session: the controller makes
 # the directory before xdist starts its workers, which inherit the variables, as
@@ -42,6 +50,23 @@ def shared_data():
   if not SHARED_DATA.is_dir():
     pytest.skip(f"shared evaluation data not found at {SHARED_DATA}")
   return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _optimized_when_marked(request, monkeypatch):
+  """XLA's optimisations back on for a test marked `optimized`, in this process
+  and in the runs it starts (they inherit the environment)."""
+  if request.node.get_closest_marker("optimized") is None:
+    yield
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  before = jax.config.read("jax_disable_most_optimizations")
+  monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+  jax.config.update("jax_disable_most_optimizations", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,9 @@ from tests.helpers import tiny_config
 from tests.test_finetune_e2e import glue_test_config, pretrained, write_sst2  # noqa: F401
 
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
-# this file out (pytest.ini's `slow`).
-pytestmark = pytest.mark.slow
+# this file out (pytest.ini's `slow`). Compiled with XLA's optimisations, as a
+# user's plan is (`optimized`, tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.optimized]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LINUX_X86 = platform.system() == "Linux" and platform.machine() == "x86_64"

@@ -71,6 +71,7 @@ def test_cli_end_to_end_writes_every_output(tmp_path):
   assert "step 6/6" in out.stderr and "Done." in out.stdout
 
 
+@pytest.mark.optimized  # Hundreds of steps: run, not compile, is its cost.
 def test_default_tiny_recipe_leaves_the_plateau_on_real_text(tmp_path):
   """The guard on learning itself: a few hundred steps of the default recipe
   (configs/pretrain.py, recipe=fast) on held-out real text must beat the
@@ -183,6 +184,7 @@ def test_the_release_knobs_train_end_to_end(tmp_path):
   assert saved["data"]["rows"] == "complete_doc" and saved["weight_decay_on"] == "all"
 
 
+@pytest.mark.optimized  # Hundreds of steps: run, not compile, is its cost.
 def test_a_decaying_mask_rate_trains_each_stage_at_its_rate_and_resumes_in_it(
     tmp_path, monkeypatch):
   """model.mask_ratio_start=0.3 falling to 0.15 in 2 stages of 4 steps: steps 1-2
@@ -251,6 +253,7 @@ def test_flops_until_a_step_count_each_stage_at_its_cost():
       "model.mask_ratio_start": 0.3, "model.mask_ratio": 0.1234567}))[-1] == 0.1234567
 
 
+@pytest.mark.optimized  # Hundreds of steps: run, not compile, is its cost.
 def test_the_babylm_knobs_together_still_learn_on_real_text(tmp_path):
   """GEGLU (at 2/3 of the FFN width), NormFormer's LayerNorms, a mask rate
   decaying 0.3 -> 0.15 (in two stages: each stage is its own compiled step, and

@@ -371,6 +371,7 @@ def periodic_ids(batch, seq_len, vocab_size, period, seed):
   return ids
 
 
+@pytest.mark.optimized  # 300 steps each: run, not compile, is its cost.
 @pytest.mark.parametrize("objective,decoder", [("maelm", "self"), ("3ml", "self"),
                                                ("3ml", "cross"), ("mlm", "none")])
 def test_every_objective_learns_to_read_the_context(objective, decoder):
