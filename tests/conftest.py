@@ -19,9 +19,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Most of XLA's optimisation off (LLVM at -O0, its expensive passes skipped) for
 # the tests and every run they start: the suite's CPU goes mostly to compiling
-# tiny programs, and these compile about a third cheaper (the tiny MAE-LM's train
-# step 5.5 against 7.9 CPU-s; test_model + test_scan_layers 255 against 338
-# CPU-s, benchmarks/test-suite-cost.md). A test whose cost is running many steps
+# tiny programs, and these compile cheaper (test_model + test_scan_layers 255
+# against 338 CPU-s, benchmarks/test-suite-cost.md). A test whose cost is running many steps
 # (or that compiles for TPU chips, as a user's plan does) is marked `optimized`:
 # the fixture below turns the optimisations back on for it and the runs it starts.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
@@ -135,7 +134,6 @@ if COMPILE_LOG:
 # wall-clock durations mostly say which tests ran beside which; CPU seconds say
 # what a test costs: sort -t$'\t' -k2 -g -r <file> | head -40
 CPU_LOG = os.environ.get("MAELM_TEST_CPU_LOG")
-
 
 
 def _cpu_seconds():
