@@ -1,4 +1,5 @@
-"""Test set-up: 8 fake CPU devices, set before JAX initialises."""
+"""Test set-up: 8 fake CPU devices in the test process, 2 in the runs it starts,
+set before JAX initialises."""
 
 import importlib.util
 import os
@@ -9,21 +10,30 @@ import os
 if (importlib.util.find_spec("libtpu") is not None
     and not any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13))):
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+# The test process has 8 fake devices (meshes up to 2x2x2; pytest_configure
+# below). A run a test starts as a process has 2, unless the test gives it more:
+# its mesh and checkpoints are still sharded, and a tiny run costs about 30% less
+# CPU than on 8 (a warm 40-step run: 10.9 against 15.3 CPU-s).
+_TEST_PROCESS_DEVICES = 8
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 # LLVM at -O1, not -O2, for the tests' own programs and every run they start: the
 # suite is bound by XLA's CPU compiles of tiny programs, and -O1 compiles them
 # about a sixth faster while the 500-step quality test runs as fast
 # (benchmarks/test-suite-cost.md). XLA's own passes, and so every value, are the same.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                      "--xla_backend_optimization_level=1")  # = helpers.xla_flags(8)
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 "
+                      "--xla_backend_optimization_level=1")  # = helpers.xla_flags(2)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# Most of XLA's optimisation off (LLVM at -O0, its expensive passes skipped) for
-# the tests and every run they start: the suite's CPU goes mostly to compiling
-# tiny programs, and these compile cheaper (test_model + test_scan_layers 255
-# against 338 CPU-s, benchmarks/test-suite-cost.md). A test whose cost is running many steps
-# (or that compiles for TPU chips, as a user's plan does) is marked `optimized`:
-# the fixture below turns the optimisations back on for it and the runs it starts.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# Most of XLA's optimisations off (LLVM at -O0, its expensive passes skipped) in
+# the test process (pytest_configure below): its CPU goes mostly to compiling
+# tiny programs, which compile cheaper so (test_model + test_scan_layers 255
+# against 338 CPU-s, benchmarks/test-suite-cost.md). Not in the runs a test starts
+# as processes: those run tens of steps, which run 2-3x slower so, and
+# test_resume + test_never_lose_a_run took 383 CPU-s with the optimisations
+# against 463 without. A test whose cost is running many steps, or that
+# compiles for TPU chips as a user's plan does, is marked `optimized`: the
+# fixture below turns them back on for it. JAX_DISABLE_MOST_OPTIMIZATIONS, set
+# by hand, decides for both.
+_OPTIMISATIONS_OFF_HERE = "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ
 
 # One persistent compilation cache for the whole session: the controller makes
 # the directory before xdist starts its workers, which inherit the variables, as
@@ -51,10 +61,18 @@ def shared_data():
   return SHARED_DATA
 
 
+def pytest_configure(config):
+  del config  # (the hook's signature)
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_num_cpu_devices", _TEST_PROCESS_DEVICES)
+  if _OPTIMISATIONS_OFF_HERE:
+    jax.config.update("jax_disable_most_optimizations", True)
+
+
 @pytest.fixture(autouse=True)
 def _optimized_when_marked(request, monkeypatch):
   """XLA's optimisations back on for a test marked `optimized`, in this process
-  and in the runs it starts (they inherit the environment)."""
+  and in the runs it starts (those have them unless the variable was set)."""
   if request.node.get_closest_marker("optimized") is None:
     yield
     return

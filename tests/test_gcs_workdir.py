@@ -67,8 +67,8 @@ def command(workdir, tokenizer_file, *extra):
 
 
 def env(emulator):
-  return dict(os.environ, **emulator.env(), JAX_NUM_CPU_DEVICES="4",
-              XLA_FLAGS=helpers.xla_flags(4))
+  return dict(os.environ, **emulator.env(), JAX_NUM_CPU_DEVICES="2",
+              XLA_FLAGS=helpers.xla_flags(2))
 
 
 def run(emulator, workdir, tokenizer_file, *extra):

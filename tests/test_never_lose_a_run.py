@@ -26,8 +26,8 @@ from tests.test_resume import (REPO, TOTAL_STEPS, command, losses,  # noqa: F401
 # this file out (pytest.ini's `slow`).
 pytestmark = pytest.mark.slow
 
-ENV8 = dict(os.environ, JAX_NUM_CPU_DEVICES="8",
-            XLA_FLAGS=helpers.xla_flags(8))
+# The runs of test_resume: 2 devices.
+ENV = dict(os.environ, JAX_NUM_CPU_DEVICES="2", XLA_FLAGS=helpers.xla_flags(2))
 
 
 def snapshot(workdir) -> dict[str, bytes]:
@@ -38,7 +38,7 @@ def snapshot(workdir) -> dict[str, bytes]:
 
 
 def fails(cmd, timeout=300):
-  out = subprocess.run(cmd, cwd=REPO, env=ENV8, capture_output=True, text=True,
+  out = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True,
                        timeout=timeout)
   assert out.returncode not in (0, None), out.stderr[-3000:]
   assert "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -173,7 +173,7 @@ def test_two_live_runs_on_one_workdir_and_a_stale_lock(tmp_path):
 
 
 def test_a_second_run_on_a_live_workdir_is_refused(tmp_path, tokenizer_file):
-  process = subprocess.Popen(command(tmp_path, tokenizer_file), cwd=REPO, env=ENV8,
+  process = subprocess.Popen(command(tmp_path, tokenizer_file), cwd=REPO, env=ENV,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     import time
@@ -243,7 +243,7 @@ def test_errors_are_one_line_without_a_traceback(tmp_path, trained):
   assert "holds another model" in message and "shape" in message
   assert "(128," in message and "(256," in message
   verbose = subprocess.run([sys.executable, "-m", "maelm_jax.main", *small, "--verbose"],
-                           cwd=REPO, env=ENV8, capture_output=True, text=True)
+                           cwd=REPO, env=ENV, capture_output=True, text=True)
   assert "Traceback" in verbose.stderr and "CheckpointMismatch" in verbose.stderr
 
 
@@ -283,7 +283,7 @@ def test_dry_run_describes_the_launch_and_writes_nothing(trained, tmp_path,
   def dry(workdir, *extra):
     out = subprocess.run(command(workdir, tokenizer_file, "--config.dry_run=True",
                                  *extra),
-                         cwd=REPO, env=ENV8, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -291,7 +291,7 @@ def test_dry_run_describes_the_launch_and_writes_nothing(trained, tmp_path,
   report = dry(trained, "--config.total_steps=10")
   assert "maelm/tiny" in report and "vocabulary 600" in report
   assert "num_selected=9" in report  # 15% of the 62 maskable tokens of 64.
-  assert "over 8 devices" in report and "data       pydoc:" in report
+  assert "over 2 devices" in report and "data       pydoc:" in report
   assert "resumable at step 10" in report
   assert "REFUSED" in dry(trained, "--config.model.mask_ratio=0.3")
   assert snapshot(trained) == before
@@ -414,7 +414,7 @@ def test_a_full_disk_stops_in_one_line_and_the_same_command_resumes(
     {cmd} > {out}/second.out 2> {out}/second.err; echo $? > {out}/second.rc
     cp -r {disk}/run {out}/final
   """
-  subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=REPO, env=ENV8,
+  subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=REPO, env=ENV,
                  timeout=900, check=True)
   first_err = (out / "first.err").read_text()
   assert (out / "first.rc").read_text().strip() == "1", first_err[-3000:]
