@@ -12,8 +12,9 @@ if (importlib.util.find_spec("libtpu") is not None
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The test process has 8 fake devices (meshes up to 2x2x2; pytest_configure
 # below). A run a test starts as a process has 2, unless the test gives it more:
-# its mesh and checkpoints are still sharded, and a tiny run costs about 30% less
-# CPU than on 8 (a warm 40-step run: 10.9 against 15.3 CPU-s).
+# its mesh and checkpoints are still sharded, and a tiny run costs about a quarter
+# less CPU than on 8 (a 20-step run, its steps in the compilation cache, three
+# interleaved pairs: median 11.7 against 15.2 CPU-s; benchmarks/test-suite-cost.md).
 _TEST_PROCESS_DEVICES = 8
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 # LLVM at -O1, not -O2, for the tests' own programs and every run they start: the
@@ -23,17 +24,14 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 "
                       "--xla_backend_optimization_level=1")  # = helpers.xla_flags(2)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# Most of XLA's optimisations off (LLVM at -O0, its expensive passes skipped) in
-# the test process (pytest_configure below): its CPU goes mostly to compiling
-# tiny programs, which compile cheaper so (test_model + test_scan_layers 255
-# against 338 CPU-s, benchmarks/test-suite-cost.md). Not in the runs a test starts
-# as processes: those run tens of steps, which run 2-3x slower so, and
-# test_resume + test_never_lose_a_run took 383 CPU-s with the optimisations
-# against 463 without. A test whose cost is running many steps, or that
-# compiles for TPU chips as a user's plan does, is marked `optimized`: the
-# fixture below turns them back on for it. JAX_DISABLE_MOST_OPTIMIZATIONS, set
-# by hand, decides for both.
-_OPTIMISATIONS_OFF_HERE = "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ
+# Most of XLA's optimisations off (LLVM at -O0, its expensive passes skipped) for
+# the tests and every run they start: the suite's CPU goes mostly to compiling
+# tiny programs, and these compile cheaper (test_model + test_scan_layers 255
+# against 338 CPU-s, benchmarks/test-suite-cost.md). A test whose cost is running
+# many steps (or that compiles for TPU chips, as a user's plan does) is marked
+# `optimized`: the fixture below turns the optimisations back on for it and the
+# runs it starts.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 # One persistent compilation cache for the whole session: the controller makes
 # the directory before xdist starts its workers, which inherit the variables, as
@@ -65,14 +63,12 @@ def pytest_configure(config):
   del config  # (the hook's signature)
   import jax  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_num_cpu_devices", _TEST_PROCESS_DEVICES)
-  if _OPTIMISATIONS_OFF_HERE:
-    jax.config.update("jax_disable_most_optimizations", True)
 
 
 @pytest.fixture(autouse=True)
 def _optimized_when_marked(request, monkeypatch):
   """XLA's optimisations back on for a test marked `optimized`, in this process
-  and in the runs it starts (those have them unless the variable was set)."""
+  and in the runs it starts (they inherit the environment)."""
   if request.node.get_closest_marker("optimized") is None:
     yield
     return

@@ -17,17 +17,15 @@ from maelm_jax.run import checkpoints
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.run.metric_writers import truncate_jsonl
-from tests import helpers
 from tests.test_resume import (REPO, TOTAL_STEPS, command, losses,  # noqa: F401
-                               reference, reference_workdir, run,
+                               reference, reference_workdir, run, run_env,
                                steps_logged)  # (reference, reference_workdir: fixtures)
 
 # Real runs as processes, or compiles for TPU chips: `make test-quick` leaves
 # this file out (pytest.ini's `slow`).
 pytestmark = pytest.mark.slow
 
-# The runs of test_resume: 2 devices.
-ENV = dict(os.environ, JAX_NUM_CPU_DEVICES="2", XLA_FLAGS=helpers.xla_flags(2))
+ENV = run_env()  # test_resume's: 2 devices.
 
 
 def snapshot(workdir) -> dict[str, bytes]:
@@ -194,7 +192,7 @@ def test_ctrl_c_saves_and_resumes_exactly(tmp_path, tokenizer_file, reference):
   child inherits that, so the child starts with the default disposition)."""
   import time
   process = subprocess.Popen(
-      command(tmp_path, tokenizer_file), cwd=REPO, stdout=subprocess.PIPE,
+      command(tmp_path, tokenizer_file), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True,
       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   deadline = time.time() + 300

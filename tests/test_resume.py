@@ -44,10 +44,16 @@ def command(workdir, tokenizer_file, *extra):
           "--config.tokenizer.vocab_size=600", *extra]
 
 
+def run_env(devices=2):
+  """The environment of the runs here and in test_never_lose_a_run.py (whose
+  losses are compared bit for bit): `devices` fake devices, 2 unless said."""
+  return dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices),
+              XLA_FLAGS=helpers.xla_flags(devices))
+
+
 def run(workdir, tokenizer_file, *extra, devices=2):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices),
-             XLA_FLAGS=helpers.xla_flags(devices))
-  out = subprocess.run(command(workdir, tokenizer_file, *extra), cwd=REPO, env=env,
+  out = subprocess.run(command(workdir, tokenizer_file, *extra), cwd=REPO,
+                       env=run_env(devices),
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
   return out
@@ -96,8 +102,8 @@ def copy_of(workdir, to):
 def interrupt(workdir, tokenizer_file, sig, *extra, after_steps=12):
   """Starts a run, sends `sig` once `after_steps` steps are logged."""
   process = subprocess.Popen(command(workdir, tokenizer_file, *extra), cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             env=run_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 300
   while steps_logged(workdir) < after_steps:
     assert process.poll() is None, process.communicate()[1][-3000:]
@@ -168,8 +174,7 @@ def test_a_run_moved_to_another_machine_resumes_exactly(tmp_path, tokenizer_file
         ["bash", "launch/slot.sh", f"--workdir={workdir}", f"--parts={parts}",
          "--part_size=1M", f"--max_runtime={max_runtime}", f"--python={sys.executable}",
          "--", *command(workdir, tokenizer_file, *extra)[4:]],
-        cwd=REPO, env=dict(os.environ, JAX_NUM_CPU_DEVICES="2",
-                           XLA_FLAGS=helpers.xla_flags(2)),
+        cwd=REPO, env=run_env(),
         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     return out.stderr
@@ -295,7 +300,7 @@ def test_nonfinite_policy_stop_names_the_step_and_keeps_checkpoints(tmp_path):
 def test_workdir_of_another_config_is_refused(tmp_path, tokenizer_file, reference_workdir):
   tmp_path = copy_of(reference_workdir, tmp_path / "run")
   out = subprocess.run(command(tmp_path, tokenizer_file, "--config.model.mask_ratio=0.3"),
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+                       cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
   assert out.returncode != 0
   assert "belongs to a run with a different config" in out.stderr
   assert "model.mask_ratio: 0.15 -> 0.3" in out.stderr

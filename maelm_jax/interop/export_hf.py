@@ -437,6 +437,7 @@ def reference_outputs(model_cfg, params, tokenizer, head=None,
   """Token ids of REFERENCE_TEXTS as fine-tuning encodes them, and the float32
   last hidden states of the JAX encoder; with a fine-tuned `head`, also the
   classifier's `logits` or the span head's `start_logits` and `end_logits`."""
+  import jax
   import jax.numpy as jnp
   import numpy as np
   from maelm_jax.modeling import model as model_lib
@@ -452,15 +453,17 @@ def reference_outputs(model_cfg, params, tokenizer, head=None,
   cfg = dataclasses.replace(model_cfg, dtype=jnp.float32, dropout=0.0,
                             attention_dropout=0.0, attention_impl="xla",
                             remat=False, remat_policy="none")
-  hidden = model_lib.Encoder(cfg).apply({"params": model_lib.encoder_params(params)},
-                                        jnp.asarray(input_ids))
+  # Each forward as one jitted program: run op by op, the model compiles each of
+  # its operations on its own (about 80 for the tiny model, seconds on a CPU host).
+  hidden = jax.jit(model_lib.Encoder(cfg).apply)(
+      {"params": model_lib.encoder_params(params)}, jnp.asarray(input_ids))
   out = {"input_ids": input_ids.astype(np.int64),
          "attention_mask": (input_ids != tokenizer.pad_id).astype(np.int64),
          "last_hidden_state": np.asarray(hidden, np.float32)}
   backbone = model_lib.encoder_params(params)
   if head is not None and finetuned["head"] == "qa":
     from maelm_jax.finetune import heads  # pylint: disable=g-import-not-at-top
-    start, end = heads.SpanExtractor(cfg).apply(
+    start, end = jax.jit(heads.SpanExtractor(cfg).apply)(
         {"params": {"backbone": backbone, **head}}, jnp.asarray(input_ids))
     out["start_logits"] = np.asarray(start, np.float32)
     out["end_logits"] = np.asarray(end, np.float32)
@@ -468,8 +471,8 @@ def reference_outputs(model_cfg, params, tokenizer, head=None,
     from maelm_jax.finetune import heads  # pylint: disable=g-import-not-at-top
     model = heads.SequenceClassifier(cfg, finetuned["num_labels"],
                                      pooling=finetuned["pooling"])
-    logits = model.apply({"params": {"backbone": backbone, "head": head}},
-                         jnp.asarray(input_ids))
+    logits = jax.jit(model.apply)({"params": {"backbone": backbone, "head": head}},
+                                  jnp.asarray(input_ids))
     out["logits"] = np.asarray(logits, np.float32)
   return out
 

@@ -355,6 +355,7 @@ def parity(src: str, workdir: str, texts=PARITY_TEXTS) -> dict:
   """Largest differences between the import and transformers' model of `src`:
   token ids (re-indexed back), last hidden states and, where the checkpoint has an
   MLM head, logits. Needs torch and transformers."""
+  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -376,7 +377,8 @@ def parity(src: str, workdir: str, texts=PARITY_TEXTS) -> dict:
     ids[i, :len(row)] = row
   valid = ids != run.tokenizer.pad_id
   cfg = run.model_cfg
-  hidden = np.asarray(model_lib.Encoder(cfg).apply(
+  # Jitted: run op by op, the model compiles each of its operations on its own.
+  hidden = np.asarray(jax.jit(model_lib.Encoder(cfg).apply)(
       {"params": model_lib.encoder_params(run.params)}, jnp.asarray(ids)))
   model_class = (transformers.AutoModelForMaskedLM if has_head
                  else transformers.AutoModel)
@@ -389,7 +391,7 @@ def parity(src: str, workdir: str, texts=PARITY_TEXTS) -> dict:
             "hidden_max_abs_diff": float(np.abs(
                 hidden - out.hidden_states[-1].numpy())[valid].max())}
   if has_head:
-    logits = np.asarray(model_lib.LMHead(cfg).apply(
+    logits = np.asarray(jax.jit(model_lib.LMHead(cfg).apply)(
         {"params": run.params["lm_head"]}, jnp.asarray(hidden),
         run.params["token_embed"]["embedding"]))
     result["logits_max_abs_diff"] = float(np.abs(
