@@ -84,8 +84,8 @@ def subspace_encoder(ln_type, rank, hidden=32, vocab=40, seed=0):
                               num_heads=2, mlp=64, max_positions=32, ln_type=ln_type,
                               dtype=jnp.float32)
   ids = random_ids(2, 16, vocab)
-  params = nn.meta.unbox(model_lib.Encoder(cfg).init(jax.random.PRNGKey(seed),
-                                                     ids)["params"])
+  params = nn.meta.unbox(jax.jit(model_lib.Encoder(cfg).init)(jax.random.PRNGKey(seed),
+                                                              ids)["params"])
   rng = np.random.default_rng(seed)
   params["token_embed"]["embedding"] = (rng.normal(size=(vocab, rank))
                                         @ rng.normal(size=(rank, hidden)))

@@ -249,7 +249,7 @@ def test_cls_is_untied_from_relative_positions():
   cfg = build("mlm", **{"model.relative_bias_init": "local"})
   positions = jnp.arange(12)[None]
   module = model_lib.RelativePositionBias(cfg)
-  params = nn.meta.unbox(module.init(jax.random.PRNGKey(0), positions, positions))
+  params = nn.meta.unbox(jax.jit(module.init)(jax.random.PRNGKey(0), positions, positions))
   bias = np.asarray(helpers.apply(module, params, positions, positions))[0]  # [H, n, m]
   assert not np.any(bias[:, 0, :]) and not np.any(bias[:, :, 0])
   table = np.asarray(params["params"]["table"])
@@ -459,7 +459,7 @@ def test_rows_padded_at_their_end_run_to_their_last_token(monkeypatch):
   ids = random_ids(3, 16, VOCAB, num_pad=4)
   ids[2] = 0  # Padding only.
   encoder = model_lib.Encoder(cfg, right_padded=True)
-  params = encoder.init(jax.random.PRNGKey(0), ids)
+  params = jax.jit(encoder.init)(jax.random.PRNGKey(0), ids)
   einsum = helpers.apply(encoder, params, ids)
   original = attention.fused_attention
   monkeypatch.setattr(attention, "fused_attention",
@@ -480,7 +480,7 @@ def test_geglu_is_gelu_of_one_projection_times_the_other():
   cfg = _float32(build("mlm", **{"model.mlp_activation": "geglu"}))
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, cfg.hidden)), jnp.float32)
   mlp = model_lib.Mlp(cfg, 0.0, True)
-  params = nn.meta.unbox(mlp.init(jax.random.PRNGKey(0), x)["params"])
+  params = nn.meta.unbox(jax.jit(mlp.init)(jax.random.PRNGKey(0), x)["params"])
   assert set(params) == {"wi_0", "wi_1", "wo"}  # MaxText's names for a gated FFN.
   dense = lambda p, h: h @ p["kernel"] + p["bias"]
   expected = dense(params["wo"], jax.nn.gelu(dense(params["wi_0"], x), approximate=False)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from maelm_jax.run import pretrained as pretrained_lib
-from maelm_jax.modeling import masking, model as model_lib, param_layout
+from maelm_jax.modeling import model as model_lib, param_layout
 from tests import helpers
 from tests.helpers import random_ids, tiny_config
 
@@ -40,8 +40,7 @@ def test_scanned_layers_compute_what_unrolled_layers_compute(objective, override
   unrolled = build(objective, **overrides)
   scanned = model_lib.dataclasses.replace(unrolled, scan_layers=True)
   ids = random_ids(4, 32, VOCAB, num_pad=3)
-  masks = masking.draw_masks(jax.random.PRNGKey(1), jnp.asarray(ids),
-                             unrolled.mask_counts(32), mask_id=4, vocab_size=VOCAB)
+  masks = helpers.draw_masks(unrolled, ids, VOCAB, seed=1)
   params = nn.meta.unbox(jax.jit(model_lib.MaskedLM(unrolled).init)(
       jax.random.PRNGKey(0), masks)["params"])
   stacked = param_layout.stack_layers(params)

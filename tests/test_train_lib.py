@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax.modeling import flops, masking, model as model_lib
+from maelm_jax.modeling import flops, model as model_lib
 from maelm_jax.core import sharding
 from maelm_jax.run import train_lib
 from tests import helpers
@@ -293,8 +293,7 @@ def test_flop_model_matches_xla_cost_analysis(objective, decoder, activation):
   config = tiny_config(objective, **overrides)
   cfg = model_lib.ModelConfig.from_config(config.model, 1000, 4)
   ids = random_ids(4, 128, 1000)
-  masks = masking.draw_masks(jax.random.PRNGKey(0), jnp.asarray(ids),
-                             cfg.mask_counts(128), mask_id=4, vocab_size=1000)
+  masks = helpers.draw_masks(cfg, ids, 1000, seed=0)
   params = nn.meta.unbox(jax.jit(model_lib.MaskedLM(cfg).init)(jax.random.PRNGKey(0),
                                                       masks)["params"])
   forward = lambda p, m: helpers.apply(model_lib.MaskedLM(cfg), {"params": p}, m)
