@@ -69,10 +69,11 @@ def built_once(tmp_path_factory, name, build):
   return path
 
 
-def draw_masks(cfg, ids, vocab_size, seed=1, mask_id=4):
-  """`masking.draw_masks` of `ids` for the model `cfg`, as one jitted program:
-  run op by op it compiles each operation on its own (seconds on the CPU)."""
-  counts = cfg.mask_counts(ids.shape[1])
+def draw_masks(cfg, ids, vocab_size, seed=1, mask_id=4, counts=None):
+  """`masking.draw_masks` of `ids` for the model `cfg` (or at the given `counts`),
+  as one jitted program: run op by op it compiles each operation on its own
+  (seconds on the CPU)."""
+  counts = cfg.mask_counts(ids.shape[1]) if counts is None else counts
   return jax.jit(lambda rng, x: masking.draw_masks(rng, x, counts, mask_id=mask_id,
                                                    vocab_size=vocab_size))(
       jax.random.PRNGKey(seed), jnp.asarray(ids))

@@ -8,6 +8,7 @@ import pytest
 from maelm_jax.run import baselines, train_lib
 from maelm_jax.data import corpus_report
 from maelm_jax.modeling import masking, model as model_lib
+from tests import helpers
 from tests.helpers import tiny_config
 
 V = 10  # ids 0..4 special, 5..9 words.
@@ -67,9 +68,7 @@ def test_baseline_step_scores_exactly_the_masked_positions_of_eval():
 def test_selected_is_masked_marks_the_mask_group_only():
   ids = jnp.asarray(np.random.RandomState(1).randint(5, 100, (3, 40)), jnp.int32)
   counts = masking.MaskCounts.create(40, 0.5, 0.2, 0.1, drop_masked=True)
-  masks = jax.jit(lambda key, x: masking.draw_masks(key, x, counts, mask_id=4,
-                                                    vocab_size=100))(
-      jax.random.PRNGKey(0), ids)  # One program, not an XLA compile per operation.
+  masks = helpers.draw_masks(None, ids, 100, seed=0, counts=counts)
   flags = np.asarray(masking.selected_is_masked(masks))
   assert flags.sum(axis=1).tolist() == [counts.num_mask] * 3
   selected = np.asarray(masks.selected_positions)
