@@ -21,8 +21,15 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 # suite is bound by XLA's CPU compiles of tiny programs, and -O1 compiles them
 # about a sixth faster while the 500-step quality test runs as fast
 # (benchmarks/test-suite-cost.md). XLA's own passes, and so every value, are the same.
+# And XLA:CPU's older fusion emitters, not its MLIR ones: with most optimisations
+# off (below) they compile a tiny train step in about half the time (2.9 against
+# 5.5 CPU-s) for 14% slower steps, and test_model + test_scan_layers cost a third
+# less CPU (benchmarks/test-suite-cost.md). The same ops are fused; a `optimized`
+# test's runs go back to the MLIR emitters, which run its many steps faster.
+FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 "
-                      "--xla_backend_optimization_level=1")  # = helpers.xla_flags(2)
+                      "--xla_backend_optimization_level=1 "
+                      + FUSION_EMITTERS_OFF)  # = helpers.xla_flags(2)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Most of XLA's optimisations off (LLVM at -O0, its expensive passes skipped) for
 # the tests and every run they start: the suite's CPU goes mostly to compiling
@@ -68,13 +75,17 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _optimized_when_marked(request, monkeypatch):
   """XLA's optimisations back on for a test marked `optimized`, in this process
-  and in the runs it starts (they inherit the environment)."""
+  and in the runs it starts (they inherit the environment), and the runs' MLIR
+  fusion emitters."""
   if request.node.get_closest_marker("optimized") is None:
     yield
     return
   import jax  # pylint: disable=import-outside-toplevel
   before = jax.config.read("jax_disable_most_optimizations")
   monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+  # (This process's backend has read its XLA_FLAGS already; its runs have not.)
+  monkeypatch.setenv("XLA_FLAGS", " ".join(
+      f for f in os.environ.get("XLA_FLAGS", "").split() if f != FUSION_EMITTERS_OFF))
   jax.config.update("jax_disable_most_optimizations", False)
   try:
     yield

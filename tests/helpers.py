@@ -20,9 +20,9 @@ from maelm_jax.run import config_lib  # noqa: E402
 
 def xla_flags(devices: int) -> str:
   """XLA_FLAGS of a run a test starts on `devices` CPU devices, compiled as the
-  test process compiles (conftest.py: LLVM at -O1)."""
+  test process compiles (conftest.py: LLVM at -O1, the older fusion emitters)."""
   return (f"--xla_force_host_platform_device_count={devices} "
-          "--xla_backend_optimization_level=1")
+          "--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false")
 
 
 def tiny_config(objective="maelm", **overrides):

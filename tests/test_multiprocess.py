@@ -69,7 +69,8 @@ def clean_env(**extra):
              # Halves XLA:CPU compile time, which is most of this test; all three
              # runs use the same flags, so they stay comparable.
              XLA_FLAGS="--xla_backend_optimization_level=0 "
-                       "--xla_llvm_disable_expensive_passes=true")
+                       "--xla_llvm_disable_expensive_passes=true "
+                       "--xla_cpu_use_fusion_emitters=false")
   env.update(extra)
   return env
 
