@@ -89,6 +89,16 @@ def test_the_comparison_sees_one_changed_bit(harness, tmp_path):
   assert chaos.compare_metrics(str(reference), str(copy))["differing_records"] == [4]
 
 
+def test_every_launch_keeps_the_callers_xla_flags_but_its_device_count():
+  env = chaos.life_env(2, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                                        "--xla_backend_optimization_level=1",
+                           "HOME": "/h"})
+  assert env["XLA_FLAGS"] == ("--xla_force_host_platform_device_count=2 "
+                              "--xla_backend_optimization_level=1")
+  assert env["JAX_NUM_CPU_DEVICES"] == "2" and env["HOME"] == "/h"
+  assert chaos.life_env(1, {})["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
+
+
 def test_lost_work_and_left_processes_are_failures():
   kills = [chaos.Kill(life=1, target="steps", signal="SIGKILL", phase="steps",
                       logged_step=11, trained=True, committed_step=9, resumed_from=6,

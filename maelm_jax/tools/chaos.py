@@ -216,13 +216,24 @@ def session_processes(session_id: int) -> list[int]:
   return found
 
 
+def life_env(devices: int, environ=None) -> dict[str, str]:
+  """The environment of every launch: `devices` CPU devices, and the caller's
+  other XLA_FLAGS kept (its compile options apply to the reference and the
+  killed run alike, so they stay comparable bit for bit)."""
+  environ = os.environ if environ is None else environ
+  kept = [f for f in environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  return dict(environ, JAX_NUM_CPU_DEVICES=str(devices),
+              XLA_FLAGS=" ".join([f"--xla_force_host_platform_device_count={devices}",
+                                  *kept]),
+              JAX_PLATFORMS="cpu", MAELM_FAULT_PRUNE_SECONDS=str(PRUNE_SECONDS))
+
+
 class Life:
   """One launch of the run's command, its stderr read as it comes."""
 
   def __init__(self, command: list[str], workdir: str, mode: str, devices: int):
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices),
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu", MAELM_FAULT_PRUNE_SECONDS=str(PRUNE_SECONDS))
+    env = life_env(devices)
     self.workdir, self.mode = workdir, mode
     self.marks: dict[str, float] = {}
     self.lines: list[str] = []
