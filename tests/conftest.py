@@ -22,14 +22,14 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 # about a sixth faster while the 500-step quality test runs as fast
 # (benchmarks/test-suite-cost.md). XLA's own passes, and so every value, are the same.
 # And XLA:CPU's older fusion emitters, not its MLIR ones: with most optimisations
-# off (below) they compile a tiny train step in about half the time (2.9 against
-# 5.5 CPU-s) for 14% slower steps, and test_model + test_scan_layers cost a third
-# less CPU (benchmarks/test-suite-cost.md). The same ops are fused; a `optimized`
+# off (below) they compile a tiny train step in a quarter less time (median 2.54
+# against 3.44 s) for about 14% slower steps, and test_model + test_scan_layers
+# cost a third less CPU (benchmarks/test-suite-cost.md). The same ops are fused; an `optimized`
 # test's runs go back to the MLIR emitters, which run its many steps faster.
 FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 "
                       "--xla_backend_optimization_level=1 "
-                      + FUSION_EMITTERS_OFF)  # = helpers.xla_flags(2)
+                      + FUSION_EMITTERS_OFF)  # helpers.xla_flags(n) changes only the count
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Most of XLA's optimisations off (LLVM at -O0, its expensive passes skipped) for
 # the tests and every run they start: the suite's CPU goes mostly to compiling

@@ -20,9 +20,11 @@ from maelm_jax.run import config_lib  # noqa: E402
 
 def xla_flags(devices: int) -> str:
   """XLA_FLAGS of a run a test starts on `devices` CPU devices, compiled as the
-  test process compiles (conftest.py: LLVM at -O1, the older fusion emitters)."""
-  return (f"--xla_force_host_platform_device_count={devices} "
-          "--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false")
+  test process's runs compile: conftest.py's flags (LLVM at -O1, the older fusion
+  emitters, or what an `optimized` test set) with only the device count changed."""
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join([f"--xla_force_host_platform_device_count={devices}", *kept])
 
 
 def tiny_config(objective="maelm", **overrides):
