@@ -371,7 +371,9 @@ def one_more_layer(built: Built, devices) -> tuple[dict, int]:
   cost analysis counts a scanned stack's loop body once; this is what each
   further iteration costs by XLA's own count: the difference between small
   unscanned compiles of the same step with one and two layers in that stack, at
-  the microbatch (at about half of it, scaled, where that does not compile)."""
+  the microbatch (at about half of it, scaled, where that does not compile). A
+  stack of one layer has no further iteration and is not probed (MAE-LM's
+  one-layer decoder: a compile fewer); with none left, nothing compiles."""
   config = built.config
   micro = built.batch_size // built.grad_accum_steps
   dp = built.mesh.shape["data"] * built.mesh.shape["fsdp"]
@@ -381,6 +383,10 @@ def one_more_layer(built: Built, devices) -> tuple[dict, int]:
   if built.model_cfg.decoder_type != "none":
     stacks["decoder"] = "model.decoder_layers"
     one["model.decoder_layers"] = 1
+  stacks = {stack: key for stack, key in stacks.items()
+            if _stack_layers(built.model_cfg, stack) > 1}
+  if not stacks:
+    return {}, micro
   batch = micro
   while True:
     try:

@@ -392,7 +392,7 @@ def test_one_more_layer_halves_to_a_batch_the_mesh_divides(monkeypatch):
   built = SimpleNamespace(
       config={}, batch_size=1744, grad_accum_steps=1,
       mesh=SimpleNamespace(shape={"data": 1, "fsdp": 16, "tensor": 1}),
-      model_cfg=SimpleNamespace(decoder_type="none"))
+      model_cfg=SimpleNamespace(decoder_type="none", num_layers=12))
   tried = []
 
   def fake_build(overrides, devices):
@@ -412,3 +412,31 @@ def test_one_more_layer_halves_to_a_batch_the_mesh_divides(monkeypatch):
   assert tried[0] == 1744 and probed == 864 and probed % 16 == 0
   # One more layer at the whole microbatch: 10 and 3 per row.
   assert costs["encoder"] == pytest.approx((10.0 * 1744, 3.0 * 1744))
+
+
+def test_a_stack_of_one_layer_is_not_probed(monkeypatch):
+  """A scanned stack of one layer has no further iteration to count: MAE-LM's
+  one-layer decoder adds no probe compile, and with a one-layer encoder too
+  nothing compiles."""
+  from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
+  probes = []
+  monkeypatch.setattr(plan, "_with", lambda config, overrides: overrides)
+  monkeypatch.setattr(plan, "build", lambda overrides, devices: probes.append(overrides)
+                      or overrides)
+  monkeypatch.setattr(plan, "_cost", lambda probe: (
+      5.0 * probe.get("model.num_layers", 1), 2.0 * probe.get("model.num_layers", 1)))
+
+  def built(encoder_layers):
+    return SimpleNamespace(
+        config={}, batch_size=8, grad_accum_steps=2,
+        mesh=SimpleNamespace(shape={"data": 1, "fsdp": 4, "tensor": 1}),
+        model_cfg=SimpleNamespace(decoder_type="self", num_layers=encoder_layers,
+                                  decoder_layers=1))
+
+  costs, probed = plan.one_more_layer(built(2), devices=None)
+  assert set(costs) == {"encoder"} and probed == 4
+  assert costs["encoder"] == pytest.approx((5.0, 2.0))
+  assert [p.get("model.num_layers") for p in probes] == [1, 2]
+  assert all(p["model.decoder_layers"] == 1 for p in probes)
+  probes.clear()
+  assert plan.one_more_layer(built(1), devices=None) == ({}, 4) and probes == []
