@@ -53,6 +53,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pathlib  # noqa: E402
 import resource  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -155,9 +156,11 @@ if COMPILE_LOG:
 
 # MAELM_TEST_CPU_LOG=<file>: each test's CPU seconds (user + system, setup and
 # teardown included), of the test process and of the runs it started and waited
-# for, a line per test appended to the file. On a machine the suite keeps busy,
-# wall-clock durations mostly say which tests ran beside which; CPU seconds say
-# what a test costs: sort -t$'\t' -k2 -g -r <file> | head -40
+# for, then the xdist worker, and the wall-clock time it started (Unix seconds)
+# and took, a line per test appended to the file. On a machine the suite keeps
+# busy, wall-clock durations mostly say which tests ran beside which; CPU seconds
+# say what a test costs: sort -t$'\t' -k2 -g -r <file> | head -40. The start
+# times show where a worker idled or waited (the suite's tail).
 CPU_LOG = os.environ.get("MAELM_TEST_CPU_LOG")
 
 
@@ -173,6 +176,7 @@ if COMPILE_LOG or CPU_LOG:
     del nextitem
     _compiles.update(count=0, seconds=0.0)
     own, children = _cpu_seconds() if CPU_LOG else (0.0, 0.0)
+    started = time.time()
     yield
     if COMPILE_LOG:
       with open(COMPILE_LOG, "a", encoding="utf-8") as log:
@@ -181,7 +185,9 @@ if COMPILE_LOG or CPU_LOG:
       own_after, children_after = _cpu_seconds()
       with open(CPU_LOG, "a", encoding="utf-8") as log:
         log.write(f"{item.nodeid}\t{own_after - own + children_after - children:.1f}"
-                  f"\t{own_after - own:.1f}\t{children_after - children:.1f}\n")
+                  f"\t{own_after - own:.1f}\t{children_after - children:.1f}"
+                  f"\t{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{started:.1f}"
+                  f"\t{time.time() - started:.1f}\n")
 
 
 def pytest_unconfigure(config):
