@@ -38,7 +38,8 @@ def summary(workdir: str, last: dict) -> str:
         f"  verdict: {baselines.plateau_status(last).split(';')[0]}",
         f"  all selected positions (kept/random included): loss "
         f"{last['eval/loss']:.4f}, accuracy {last['eval/accuracy']:.2%}",
-        f"  learning curve: {workdir}/{plots.FILENAME}"]
+        f"  learning curve: {workdir}/{plots.FILENAME}" if plots.enabled() else
+        "  learning curve: not drawn (MAELM_PLOTS=0)"]
   lines += [
       f"  metrics:     {workdir}/{workdir_lib.METRICS_FILE} (TensorBoard: "
       f"{workdir}/tensorboard)",

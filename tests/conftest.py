@@ -39,6 +39,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # `optimized`: the fixture below turns the optimisations back on for it and the
 # runs it starts.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# No learning-curve figures from the tests' runs (run/plots.py): a draw is about
+# 0.25 CPU-s, a process's first 0.6, and the runs evaluate often. The tests of a
+# run's figure ask for it (`plots_on`); tests/test_plots.py draws them directly.
+os.environ.setdefault("MAELM_PLOTS", "0")
 
 # One persistent compilation cache for the whole session: the controller makes
 # the directory before xdist starts its workers, which inherit the variables, as
@@ -92,6 +96,12 @@ def _optimized_when_marked(request, monkeypatch):
     yield
   finally:
     jax.config.update("jax_disable_most_optimizations", before)
+
+
+@pytest.fixture
+def plots_on(monkeypatch):
+  """The run's figures drawn, in this process and the runs it starts."""
+  monkeypatch.setenv("MAELM_PLOTS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ TRANSFORMERS5_PYTHON = (os.environ.get("MAELM_TRANSFORMERS5_PYTHON")
                         or str(REPO / ".venv" / "transformers5" / "bin" / "python"))
 
 
-def test_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
+def test_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch, plots_on):
   work = tmp_path / "work"
   # Small unless set (MAELM_QUICKSTART_STEPS=800 MAELM_QUICKSTART_EXAMPLES=4000:
   # the notebook's own defaults, for timing it).

@@ -33,7 +33,7 @@ def read_metrics(workdir):
     return [json.loads(line) for line in f]
 
 
-def test_cli_end_to_end_writes_every_output(tmp_path):
+def test_cli_end_to_end_writes_every_output(tmp_path, plots_on):
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "maelm_jax.main",
          "--config=configs/pretrain.py:objective=3ml,size=tiny",
@@ -182,6 +182,9 @@ def test_the_release_knobs_train_end_to_end(tmp_path):
   assert evals[-1]["eval/loss"] < 6.0
   saved = json.load(open(tmp_path / "config.json"))
   assert saved["data"]["rows"] == "complete_doc" and saved["weight_decay_on"] == "all"
+  # MAELM_PLOTS=0 (the tests' environment, conftest.py): every output but the figure.
+  assert os.environ["MAELM_PLOTS"] == "0" and not (tmp_path / "learning_curve.png").exists()
+  assert (tmp_path / "metrics.jsonl").exists() and list((tmp_path / "tensorboard").iterdir())
 
 
 @pytest.mark.optimized  # Hundreds of steps: run, not compile, is its cost.

@@ -53,7 +53,7 @@ def history(path: str) -> dict[int, dict]:
 
 
 def test_a_run_logs_its_scalars_config_and_plot_and_a_resume_continues_it(
-    tmp_path, monkeypatch, tokenizer_file):
+    tmp_path, monkeypatch, tokenizer_file, plots_on):
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_SILENT", "true")
   workdir = tmp_path / "run"

@@ -509,7 +509,10 @@ def results_name(config) -> str:
 
 
 def _plot(workdir: str, metrics: list[str], task: str, session, step: int) -> None:
-  """The curves are a convenience: a failure to draw them never stops a run."""
+  """The curves are a convenience: a failure to draw them never stops a run
+  (nor are they drawn where MAELM_PLOTS=0)."""
+  if not plots.enabled():
+    return
   try:
     plots.plot_finetuning_curve(workdir, metrics, f"{task}: {workdir}")
   except Exception as error:  # pylint: disable=broad-except

@@ -11,6 +11,11 @@
 
 Each function returns what it drew ({panel: {series: (xs, ys)}}), which the
 tests read.
+
+`MAELM_PLOTS=0` in a run's environment: no figures (a run's other outputs are
+the same). For many short runs where a figure costs more than its steps: each
+draw is about 0.25 CPU-s and the first of a process 0.6 (matplotlib's import),
+7% of a warm 20-step tiny run; the test suite sets it (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from maelm_jax.core import workdir as workdir_lib
 
 FILENAME = "learning_curve.png"
 FINETUNING_FILENAME = "finetuning_curve.png"
+
+
+def enabled() -> bool:
+  """False where MAELM_PLOTS=0: the runs draw no figures."""
+  return os.environ.get("MAELM_PLOTS", "1").strip() != "0"
 
 
 def _series(records, key, scale=1.0):

@@ -164,7 +164,10 @@ def evaluate_baselines(config, model_cfg, train_source, tokenizer, eval_ds, mesh
 
 
 def _plot(workdir, config, session, step) -> None:
-  """The learning curve is a convenience: a failure to draw it never stops a run."""
+  """The learning curve is a convenience: a failure to draw it never stops a run
+  (nor is it drawn where MAELM_PLOTS=0)."""
+  if not plots.enabled():
+    return
   try:
     plots.plot_learning_curve(workdir, f"{config.model.objective} / "
                               f"{config.model.size}: {workdir}")
