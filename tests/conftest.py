@@ -39,8 +39,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # `optimized`: the fixture below turns the optimisations back on for it and the
 # runs it starts.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-# No learning-curve figures from the tests' runs (run/plots.py): a draw is about
-# 0.25 CPU-s, a process's first 0.6, and the runs evaluate often. The tests of a
+# No learning-curve figures from the tests' runs (run/plots.py): a draw costs
+# about a quarter of a CPU-second, a process's first more, and the runs evaluate
+# often (benchmarks/test-suite-cost.md). The tests of a
 # run's figure ask for it (`plots_on`); tests/test_plots.py draws them directly.
 os.environ.setdefault("MAELM_PLOTS", "0")
 

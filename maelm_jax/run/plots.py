@@ -13,9 +13,9 @@ Each function returns what it drew ({panel: {series: (xs, ys)}}), which the
 tests read.
 
 `MAELM_PLOTS=0` in a run's environment: no figures (a run's other outputs are
-the same). For many short runs where a figure costs more than its steps: each
-draw is about 0.25 CPU-s and the first of a process 0.6 (matplotlib's import),
-7% of a warm 20-step tiny run; the test suite sets it (tests/conftest.py).
+the same). For many short runs where a figure costs more than its steps (a draw
+and matplotlib's import, measured in benchmarks/test-suite-cost.md); the test
+suite sets it (tests/conftest.py).
 """
 
 from __future__ import annotations
