@@ -413,6 +413,14 @@ def make_manager(workdir: str, config,
       max_to_keep=config.get("keep_checkpoints", 1),
       keep_period=config.get("checkpoint_keep_period", 0) or None,
       enable_async_checkpointing=True,
+      # The step's directories are made in `save`, before it returns, not in a
+      # background thread: orbax's threads wait for that thread's "made"
+      # signal, and a mkdir that fails (a bucket gone, a disk that refuses)
+      # never sends it, so the run heard of the failure only when that wait
+      # timed out, 300 s later (multihost.coordination_timeout()). Made here,
+      # the failure is raised at once and said in one line (`_said_plainly`);
+      # a save blocks for a mkdir more (tests/test_checkpoints.py).
+      async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
       cleanup_tmp_directories=True)
   return Manager(checkpoint_dir(workdir), item_names=item_names, options=options)
 
