@@ -413,14 +413,21 @@ def make_manager(workdir: str, config,
       max_to_keep=config.get("keep_checkpoints", 1),
       keep_period=config.get("checkpoint_keep_period", 0) or None,
       enable_async_checkpointing=True,
-      # The step's directories are made in `save`, before it returns, not in a
-      # background thread: orbax's threads wait for that thread's "made"
-      # signal, and a mkdir that fails (a bucket gone, a disk that refuses)
-      # never sends it, so the run heard of the failure only when that wait
-      # timed out, 300 s later (multihost.coordination_timeout()). Made here,
-      # the failure is raised at once and said in one line (`_said_plainly`);
-      # a save blocks for a mkdir more (tests/test_checkpoints.py).
-      async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+      # One process makes the step's directories in `save`, before it
+      # returns, not in a background thread: orbax's threads wait for that
+      # thread's "made" signal, and a mkdir that fails (a bucket gone, a disk
+      # that refuses) never sends it, so the run heard of the failure only when
+      # that wait ran out, 300 s later (multihost.coordination_timeout()).
+      # Made in `save`, the failure is raised at once and said in one line
+      # (`_said_plainly`); a save blocks for a mkdir more
+      # (tests/test_checkpoint_saves.py). Several processes keep orbax's
+      # default: its synchronous path runs the barriers around the mkdir (a
+      # device collective) from a helper thread, and with it one run of
+      # tests/test_multiprocess.py's dead-host test aborted in gloo ("a
+      # distributed collective mismatch"), not understood; a mkdir that fails
+      # there still waits out orbax's bound.
+      async_options=ocp.AsyncOptions(
+          create_directories_asynchronously=jax.process_count() > 1),
       cleanup_tmp_directories=True)
   return Manager(checkpoint_dir(workdir), item_names=item_names, options=options)
 
