@@ -289,6 +289,7 @@ def test_cli_bad_input_is_one_line_before_any_work(tmp_path, workdirs):
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.optimized
 def test_real_blimp_untrained_model_is_near_chance(shared_data, workdirs):
   pairs = blimp.read_pairs(str(shared_data / "blimp"), max_pairs_per_paradigm=20)
   assert len(pairs) == 36 * 20

@@ -370,15 +370,20 @@ def periodic_ids(batch, seq_len, vocab_size, period, seed):
   return ids
 
 
-@pytest.mark.optimized  # 300 steps each: run, not compile, is its cost.
-@pytest.mark.parametrize("objective,decoder", [("maelm", "self"), ("3ml", "self"),
-                                               ("3ml", "cross"), ("mlm", "none")])
-def test_every_objective_learns_to_read_the_context(objective, decoder):
+@pytest.mark.optimized  # 200-300 steps each: run, not compile, is its cost.
+# Steps: what each objective needs to pass 0.9 with a margin. The 20-step means
+# at steps 180-200 of a 200-step schedule: 3ml-cross 0.99 and 0.99 (two seeds),
+# 3ml-self 0.98, MLM 1.0; MAE-LM 0.89 and 0.89, and 0.99 at 300 steps
+# (benchmarks/test-suite-cost.md).
+@pytest.mark.parametrize("objective,decoder,steps", [
+    ("maelm", "self", 300), ("3ml", "self", 200), ("3ml", "cross", 200),
+    ("mlm", "none", 200)])
+def test_every_objective_learns_to_read_the_context(objective, decoder, steps):
   # Catches wiring that still lets the loss fall (token frequencies) but cuts the
   # masked slots off from the visible tokens: wrong gather/scatter indices,
   # positions lost between encoder and decoder, cross-attention to the wrong keys.
   overrides = {"model.dropout": 0.0, "model.attention_dropout": 0.0,
-               "learning_rate": 1e-3, "warmup_steps": 10, "total_steps": 300,
+               "learning_rate": 1e-3, "warmup_steps": 10, "total_steps": steps,
                "batch_size": 16}
   if decoder != "none":
     overrides["model.decoder_type"] = decoder
