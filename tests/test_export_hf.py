@@ -311,8 +311,9 @@ def test_exports_load_in_transformers5(kind, request, tmp_path):
   assert result["hidden_err"] < 1e-4 and result["logits_err"] < 1e-4
 
 
-def test_mistakes_are_refused_before_anything_is_written(tmp_path):
-  workdir = pretrain(tmp_path / "maelm", objective="maelm")
+def test_mistakes_are_refused_before_anything_is_written(decoder_exports, tmp_path):
+  # The decoder tests' 2-step MAE-LM run, read only: an export writes beside it.
+  workdir = decoder_exports["maelm"][0]
   # Somebody else's directory: refused, untouched.
   theirs = tmp_path / "theirs"
   theirs.mkdir()
