@@ -312,7 +312,8 @@ def test_exports_load_in_transformers5(kind, request, tmp_path):
 
 
 def test_mistakes_are_refused_before_anything_is_written(decoder_exports, tmp_path):
-  # The decoder tests' 2-step MAE-LM run, read only: an export writes beside it.
+  # The decoder tests' 2-step MAE-LM run, only read: each export below writes
+  # under tmp_path.
   workdir = decoder_exports["maelm"][0]
   # Somebody else's directory: refused, untouched.
   theirs = tmp_path / "theirs"
