@@ -121,8 +121,8 @@ def test_tiny_maelm_compiles_for_v5e_with_the_kernel_in_encoder_and_decoder(tmp_
 def test_the_kernel_asked_for_by_name_compiles_for_v4_and_v5p(topology, kind, loops):
   """`attention_impl=tpu_flash` (which insists on the kernel) through Mosaic for
   megacore chips too: every layer's two kernel calls in the program."""
-  # 128, not 256: the same kernel calls; v5p's compiles 67.7 against 85.7 CPU-s
-  # (this config through plan.run, one process, 128 first).
+  # 128, not 256: the same kernel calls; v5p's test 81.3 against 97.7 CPU-s in the
+  # suite (benchmarks/test-suite-cost.md).
   config = plan_config("maelm", seq_len=128, batch_size=8,
                        **{"model.attention_dropout": 0.0,
                           "model.attention_impl": "tpu_flash", **loops})
@@ -148,8 +148,8 @@ def test_a_config_that_cannot_fit_is_refused_with_a_knob_and_its_plan():
   head's logits); the answer is exit 3 and at most 5 lines naming the knob that
   fits, compiled to check it (grad_accum_steps=2: 13.6 GB). (The same path as a
   large model's refusal, whose compiles took 5x as long here. Its earlier form,
-  12288 rows of 512 over 32000 pieces: 123 CPU-s in all in process, against 85 for
-  this command; benchmarks/test-suite-cost.md.)"""
+  12288 rows of 512 over 32000 pieces, cost 151.7 CPU-s in the suite, this one
+  101.2; benchmarks/test-suite-cost.md.)"""
   result = run_plan_cli("--config=configs/pretrain.py:objective=mlm,size=tiny",
                         "--topology=v5e:2x2", "--config.batch_size=1024",
                         "--config.seq_len=128", "--config.tokenizer.vocab_size=1000000")

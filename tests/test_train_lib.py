@@ -373,8 +373,7 @@ def periodic_ids(batch, seq_len, vocab_size, period, seed):
 @pytest.mark.optimized  # 200-300 steps each: run, not compile, is its cost.
 # Steps: what each objective needs to pass 0.9 with a margin. The 20-step means
 # at steps 180-200 of a 200-step schedule: 3ml-cross 0.99 and 0.99 (two seeds),
-# 3ml-self 0.98, MLM 1.0; MAE-LM 0.89 and 0.89, and 0.99 at 300 steps
-# (benchmarks/test-suite-cost.md).
+# 3ml-self 0.98, MLM 1.0; MAE-LM 0.89 and 0.89, and 0.99 at 300 steps.
 @pytest.mark.parametrize("objective,decoder,steps", [
     ("maelm", "self", 300), ("3ml", "self", 200), ("3ml", "cross", 200),
     ("mlm", "none", 200)])
