@@ -69,6 +69,7 @@ def test_fused_attention_call_matches_the_einsum_with_bias_gradients(
   einsum path's with the padding mask as given."""
   overrides = {"model.ln_type": "pre", "model.dropout": 0.0,
                "model.attention_dropout": 0.0, "model.relative_bias_init": "local",
+               "model.position": "learned", "model.relative_position_bias": True,
                "model.decoder_relative_position_bias": True}
   if decoder_type:
     overrides["model.decoder_type"] = decoder_type
@@ -160,8 +161,11 @@ def test_odd_lengths_padded_for_cudnn_give_the_unpadded_attention(q_len, kv_len)
                                  atol=1e-5, err_msg=name)
 
 
+# With the encoder's relative bias (the recipe has rotary positions and none):
+# the bias, its gradient and its sharing are what the kernels' tests check.
 KERNEL_OVERRIDES = {"model.ln_type": "pre", "model.dropout": 0.0,
                     "model.attention_dropout": 0.0, "model.relative_bias_init": "local",
+                    "model.position": "learned", "model.relative_position_bias": True,
                     "model.decoder_relative_position_bias": True}
 
 

@@ -143,8 +143,8 @@ def check_export(out, workdir, model_class, remote):
 
 @pytest.fixture(scope="module")
 def mlm_export(tmp_path_factory):
-  """The project's default encoder (pre-LN, relative bias, tied head), exported
-  with its MLM head: the remote-code kind."""
+  """The project's default encoder (pre-LN, rotary positions, tied head),
+  exported with its MLM head: the remote-code kind."""
   root = tmp_path_factory.mktemp("mlm_export")
   workdir = pretrain(root / "mlm")
   out = root / "hf"
@@ -158,7 +158,8 @@ def roberta_export(tmp_path_factory):
   kind transformers loads as its own RoBERTa."""
   root = tmp_path_factory.mktemp("roberta_export")
   workdir = pretrain(root / "post", **{
-      "model.ln_type": "post", "model.relative_position_bias": False,
+      "model.ln_type": "post", "model.position": "learned",
+      "model.relative_position_bias": False,
       "model.tie_embeddings": False, "tokenizer.model_type": "bpe"})
   out = root / "hf"
   assert export_hf.export(str(workdir), str(out), with_lm_head=True) == "roberta"
@@ -172,7 +173,8 @@ def test_custom_export_matches_jax_and_tokenizes_like_the_project(mlm_export):
           "tokenizer.json", "README.md"} <= set(os.listdir(out))
   model = check_export(str(out), workdir, "MaelmForMaskedLM", remote=True)
   assert type(model).__name__ == "MaelmModel"
-  assert model.config.ln_type == "pre" and model.config.relative_position_bias
+  assert model.config.ln_type == "pre" and model.config.position == "rope"
+  assert not model.config.relative_position_bias
   card = (out / "README.md").read_text()
   assert "objective | mlm" in card and "steps | 2 of 2" in card
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top

@@ -198,6 +198,7 @@ def test_local_relative_bias_init_prefers_near_neighbours():
 def test_decoder_relative_bias_is_its_own_and_reads_original_positions(decoder_type):
   cfg = build("3ml", **{"model.decoder_type": decoder_type,
                         "model.decoder_relative_position_bias": True,
+                        "model.position": "learned", "model.relative_position_bias": True,
                         "model.relative_bias_init": "local"})
   ids = random_ids(2, 32, VOCAB)
   masks = draw(cfg, ids)
@@ -219,8 +220,10 @@ def test_decoder_relative_bias_is_its_own_and_reads_original_positions(decoder_t
   assert "relative_bias" not in init(without, masks)["decoder"]
 
 
-def test_zero_init_residual_makes_every_layer_start_as_the_identity():
-  cfg = build("maelm", **{"model.zero_init_residual": True, "model.ln_type": "pre"})
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_zero_init_residual_makes_every_layer_start_as_the_identity(position):
+  cfg = build("maelm", **{"model.zero_init_residual": True, "model.ln_type": "pre",
+                          "model.position": position})
   ids = random_ids(2, 32, VOCAB)
   masks = draw(cfg, ids)
   params = init(cfg, masks)
@@ -228,14 +231,17 @@ def test_zero_init_residual_makes_every_layer_start_as_the_identity():
   assert not np.any(layer["self_attn"]["out"]["kernel"])
   assert not np.any(layer["mlp"]["wo"]["kernel"])
   assert np.any(layer["mlp"]["wi"]["kernel"])
-  # Pre-LN with identity layers: the encoder is final_ln(token + position).
+  # Pre-LN with identity layers: the encoder is final_ln(token + position), or
+  # final_ln(token) under rotary positions (they turn queries and keys only).
   out = helpers.apply(model_lib.Encoder(cfg), {"params": model_lib.encoder_params(params)},
                       jnp.asarray(ids))
+  assert ("position_embed" in params["encoder"]) == (position == "learned")
 
   def embeddings_only(mdl):
     positions = jnp.broadcast_to(jnp.arange(32), ids.shape)
-    x = mdl.token_embed(jnp.asarray(ids)) + mdl.encoder.variables["params"][
-        "position_embed"]["embedding"][positions]
+    x = mdl.token_embed(jnp.asarray(ids))
+    if position == "learned":
+      x = x + mdl.encoder.variables["params"]["position_embed"]["embedding"][positions]
     ln = nn.LayerNorm(epsilon=1e-5)
     return ln.apply({"params": mdl.encoder.variables["params"]["final_ln"]}, x)
   expected = jax.jit(nn.apply(embeddings_only, model_lib.Encoder(cfg)))(

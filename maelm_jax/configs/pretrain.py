@@ -227,8 +227,9 @@ def get_config(arg=None):
 
 # The default recipe, found by experiment (studies/recipes-off-the-plateau.md,
 # "Which recipe leaves the plateau"): pre-LN, no dropout, a high peak learning rate with a short
-# warm-up, attention that prefers near neighbours from step 0, in the encoder and
-# in the MAE-LM / 3ML decoder, and 10% kept tokens for every objective. Peak
+# warm-up, rotary positions (since 2026-12-03; before, a learned table and a relative
+# bias that prefers near neighbours from step 0), a relative bias of that kind in the
+# MAE-LM / 3ML decoder, and 10% kept tokens for every objective. Peak
 # learning rates per size; tiny was measured here (at its 2 layers: deepened to 8,
 # mlm learns faster at 1e-3, maelm alike at 1e-3 to 3e-3; studies/recipes-off-the-plateau.md,
 # "At 8 encoder layers"), the larger sizes follow the same pre-LN practice (Cramming, 24hBERT)
@@ -257,6 +258,15 @@ def apply_recipe(config, recipe: str) -> None:
   config.model.dropout = 0.0  # Dropout on embeddings and residual branches.
   # Dropout on attention probabilities (0 lets fused kernels run).
   config.model.attention_dropout = 0.0
+  # Rotary positions on every attention's queries and keys, no position table and
+  # no bias in the encoder: ahead of the learned table plus relative bias on the
+  # 600-step plateau probes of every objective at equal FLOPs, two seeds each
+  # (studies/recipes-off-the-plateau.md, "Rotary positions"), and on a TPU the
+  # encoder's attention kernels read no bias at all (benchmarks/tpu-plans.md).
+  config.model.position = "rope"
+  config.model.relative_position_bias = False
+  # Attention that prefers near neighbours from step 0, where a relative bias
+  # stays: the MAE-LM / 3ML decoder's, and an encoder's given one back.
   config.model.relative_bias_init = "local"
   # The decoder's own relative position bias.
   config.model.decoder_relative_position_bias = True

@@ -206,7 +206,8 @@ BASE_CONFIG_ARG = "objective=mlm,size=base,recipe=paper"
 # The config keys that carry the checkpoint's shape: continued pretraining
 # (`--config.init_from=W`) must set the same values.
 SHAPE_KEYS = ("num_layers", "hidden", "num_heads", "mlp", "max_positions",
-              "ln_type", "relative_position_bias", "tie_embeddings", "layer_norm_eps")
+              "ln_type", "position", "relative_position_bias", "tie_embeddings",
+              "layer_norm_eps")
 
 
 def run_config(hf: dict, vocab_size: int, model_type: str, src: str):
