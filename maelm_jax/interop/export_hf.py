@@ -35,8 +35,8 @@ pretraining device, dropped for fine-tuning as in the papers):
 Two kinds of model. A post-LN encoder with absolute positions only (`recipe=paper`
 without the relative bias) is a RoBERTa: `model_type: roberta`, loadable with plain
 `AutoModel.from_pretrained(DIR)` (its pooler is not part of pretraining and starts
-untrained, which transformers reports). Every other encoder (relative position
-bias, pre-LN: the project's defaults) is written with `modeling_maelm.py` and
+untrained, which transformers reports). Every other encoder (rotary positions or
+a relative position bias, pre-LN: the project's defaults) is written with `modeling_maelm.py` and
 `configuration_maelm.py`, a self-contained PyTorch port of `maelm_jax.modeling.model.Encoder`
 loaded through `trust_remote_code=True`.
 
