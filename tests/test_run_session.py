@@ -66,6 +66,29 @@ def test_claim_refuses_before_any_write_in_both_loops(tmp_path, loop):
       finetune_run.check_same_run(other, str(workdir))
 
 
+def test_a_run_of_the_former_positions_resumes_with_the_flags_it_is_told(tmp_path):
+  """A workdir saved when the fast recipe had a learned table and a relative bias
+  (before 2026-12-03), met by the same command under today's rotary default: the
+  refusal names both keys and the flags that resume it, and those flags do."""
+  workdir = tmp_path / "run"
+  former = pretraining_config(**{"model.position": "learned",
+                                 "model.relative_position_bias": True})
+  run_session.claim(former, str(workdir), "pretrain")
+  workdir_lib.write_config(former, str(workdir))
+  assert pretraining_config().model.position == "rope"
+  with pytest.raises(workdir_lib.WorkdirError) as error:
+    run_session.claim(pretraining_config(), str(workdir), "pretrain")
+  message = str(error.value)
+  assert "model.position: 'learned' -> 'rope'" in message
+  assert "model.relative_position_bias: True -> False" in message
+  flags = message.split("add: ", 1)[1].splitlines()[0].split()
+  assert sorted(flags) == ["--config.model.position=learned",
+                           "--config.model.relative_position_bias=True"]
+  told = pretraining_config(**{"model.position": "learned",
+                               "model.relative_position_bias": True})
+  run_session.claim(told, str(workdir), "pretrain")  # Resumes: no refusal.
+
+
 def test_hold_is_one_live_run_per_workdir(tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
