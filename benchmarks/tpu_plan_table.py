@@ -146,8 +146,9 @@ OLD_COUNTS = ("hlo_stats",)  # Still printed, marked, until estimated again.
 # not searched). Before "maelm_attention": the stock Pallas kernel (its bias per
 # row, its statistics block-wide); then the project's kernel
 # (`modeling/tpu_attention.py`) without activation constraints (XLA laid fsdp's
-# activations out as the weights); now with them (`model._constrain`).
-STEP = "maelm_attention+constraints"
+# activations out as the weights); then with them (`model._constrain`); now
+# with the recipe's rotary positions (no encoder bias; before, a relative bias).
+STEP = "maelm_attention+constraints+rope"
 
 
 def is_current(row) -> bool:
