@@ -80,17 +80,19 @@ def test_default_tiny_recipe_leaves_the_plateau_on_real_text(tmp_path):
   config = tiny_config("maelm", **{
       "data.source": "pydoc:", "data.eval_fraction": 0.1,
       "tokenizer.vocab_size": 2000, "batch_size": 32, "seq_len": 64,
-      "total_steps": 500, "warmup_steps": 50, "eval_batches": 8, "log_every": 100,
+      "total_steps": 300, "warmup_steps": 50, "eval_batches": 8, "log_every": 100,
       "eval_every": 100, "checkpoint_every": 1000})
   train.train_and_evaluate(config, str(tmp_path))
   evals = [r for r in read_metrics(tmp_path) if "eval/mask_loss" in r]
   first, last = evals[0], evals[-1]
-  assert last["step"] == 500
-  # Measured (jax 0.10.2, sentencepiece 0.2.3): held-out [MASK] loss 6.24, 6.13,
-  # 6.03, 5.90, 5.77 at steps 100-500 against unigram 6.17; accuracy 6.7% against
-  # 3.5% at step 500. At 300 steps it was 0.14 below unigram, too close to guard.
-  assert last["eval/mask_loss"] < last["eval/unigram_loss"] - 0.2, last
-  assert last["eval/mask_accuracy"] > 1.5 * last["eval/unigram_accuracy"], last
+  assert last["step"] == 300
+  # Measured with rotary positions, the default since 2026-12-03 (jax 0.10.2,
+  # sentencepiece 0.2.3, the test's 8 devices): held-out [MASK] loss 6.22, 5.74,
+  # 5.47 at steps 100-300 against unigram 6.17; accuracy 10.8% against 3.5% at
+  # step 300. The learned table and relative bias before needed 500 steps to be
+  # 0.40 below unigram (6.7% accuracy).
+  assert last["eval/mask_loss"] < last["eval/unigram_loss"] - 0.4, last
+  assert last["eval/mask_accuracy"] > 2 * last["eval/unigram_accuracy"], last
   assert last["eval/mask_loss"] < first["eval/mask_loss"]
 
 
