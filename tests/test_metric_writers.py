@@ -106,7 +106,6 @@ def test_a_wandb_run_that_does_not_finish_is_a_warning(tmp_path, caplog):
   writer = metric_writers.MetricWriter(str(tmp_path), is_main=True)
   wandb = Broken()
   writer._wandb = wandb  # pylint: disable=protected-access
-  writer._to_wandb = lambda what, log: None  # pylint: disable=protected-access
   with caplog.at_level("WARNING"):
     writer.close()
   assert wandb.calls == 1 and "W&B run did not finish cleanly: close: " in caplog.text

@@ -47,6 +47,10 @@ DEFAULT_OBJECTIVES = "mlm+maelm+3ml+3mlx"
 # Each encoder's fine-tuning rate is picked from these on a split of the
 # training data (maelm_jax.compare); one rate: no selection.
 DEFAULT_FINETUNE_LEARNING_RATES = "3e-4+1e-3+3e-3"
+# The fast recipe's encoder positions before rotary ones became its default
+# (2026-12-03): a learned table and a relative bias. The studies measured with
+# them (studies/configs/*.py) keep them, so their commands rerun as measured.
+FORMER_POSITIONS = {"position": "learned", "relative_position_bias": True}
 # name: the keys that make the objective (the rest is the objective's default).
 OBJECTIVES = {
     "mlm": {"model.objective": "mlm"},

@@ -43,9 +43,7 @@ def get_config(arg=None):
   smoke = a.scale == "smoke"
   config = compare.get_config("size=tiny")
   config.unlock()
-  # As measured: the fast recipe's positions before rotary ones became its
-  # default (2026-12-03), a learned table and a relative bias in the encoder.
-  config.model.update(position="learned", relative_position_bias=True)
+  config.model.update(**compare.FORMER_POSITIONS)  # As measured.
   config.model.update(num_layers=2 if smoke else 8, objective="maelm",
                       decoder_type="cross", dtype="float32" if smoke else "bfloat16",
                       scan_layers=True, dropout=0.0, attention_dropout=0.0)

@@ -48,9 +48,7 @@ def get_config(arg=None):
   a = _arg(arg)
   config = compare.get_config("size=tiny")
   config.unlock()
-  # As measured: the fast recipe's positions before rotary ones became its
-  # default (2026-12-03), a learned table and a relative bias in the encoder.
-  config.model.update(position="learned", relative_position_bias=True)
+  config.model.update(**compare.FORMER_POSITIONS)  # As measured.
   config.model.update(num_layers=8, dtype=a.dtype)
   config.update(learning_rate=1e-3, batch_size=a.batch, eval_every=1000, log_every=100,
                 checkpoint_every=1000, keep_checkpoints=1, checkpoint_keep_period=2000)

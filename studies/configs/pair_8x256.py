@@ -34,9 +34,7 @@ def get_config(arg=None):
   a = _arg(arg)
   config = compare.get_config("size=small")
   config.unlock()
-  # As measured: the fast recipe's positions before rotary ones became its
-  # default (2026-12-03), a learned table and a relative bias in the encoder.
-  config.model.update(position="learned", relative_position_bias=True)
+  config.model.update(**compare.FORMER_POSITIONS)  # As measured.
   config.model.update(num_layers=8, hidden=256, num_heads=4, mlp=1024, dtype="bfloat16",
                       scan_layers=True, dropout=0.0, attention_dropout=0.0)
   config.update(learning_rate=a.lr, batch_size=65536 // 128, seq_len=128, eval_every=500,
