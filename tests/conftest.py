@@ -27,9 +27,15 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
 # cost a third less CPU (benchmarks/test-suite-cost.md). The same ops are fused; an `optimized`
 # test's runs go back to the MLIR emitters, which run its many steps faster.
 FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
+# And each program's LLVM module compiled whole, not split into parts for
+# parallel codegen threads: on two cores that the suite keeps busy the split only
+# adds work (the tiny MAE-LM and MLM steps' compiles, three alternating pairs of
+# processes: 10.3, 10.3, 9.4 CPU-s against 11.7, 11.2, 10.8;
+# benchmarks/test-suite-cost.md). Only how LLVM's work is divided changes.
+CODEGEN_UNSPLIT = "--xla_cpu_parallel_codegen_split_count=1"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 "
                       "--xla_backend_optimization_level=1 "
-                      + FUSION_EMITTERS_OFF)  # helpers.xla_flags(n) changes only the count
+                      f"{FUSION_EMITTERS_OFF} {CODEGEN_UNSPLIT}")  # helpers.xla_flags(n) changes only the count
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Most of XLA's optimisations off (LLVM at -O0, its expensive passes skipped) for
 # the tests and every run they start: the suite's CPU goes mostly to compiling

@@ -5,6 +5,7 @@ imported somewhere (numpy 2, array_record and pyarrow were imported but came
 only through grain and tfds)."""
 
 import ast
+import functools
 import importlib.metadata
 import pathlib
 import re
@@ -57,11 +58,18 @@ def imported():
   return found
 
 
+@functools.cache
+def _providers() -> dict[str, list[str]]:
+  """{top-level module: distributions} of the environment, read once: each read
+  walks every installed distribution's file list, and the tests ask it of
+  every imported module, some twice."""
+  return importlib.metadata.packages_distributions()
+
+
 def distribution(module: str, declared_names=()) -> str:
   """The distribution that provides `module`; for a namespace package that many
   provide (`google`), the declared one among them."""
-  names = [n.lower().replace("_", "-")
-           for n in importlib.metadata.packages_distributions().get(module) or []]
+  names = [n.lower().replace("_", "-") for n in _providers().get(module) or []]
   if not names:
     pytest.fail(f"{module} is imported but not installed")
   return next((n for n in names if n in declared_names), names[0])

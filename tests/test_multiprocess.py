@@ -65,12 +65,17 @@ def clean_env(**extra):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("MAELM_", "SLURM_", "TPU_", "MEGASCALE_", "JAX_"))
          and k != "XLA_FLAGS"}
+  # The suite's compilation cache (conftest.py), not the user's ~/.cache: the
+  # launches share their 2 x 4-device programs with each other.
+  env.update({k: v for k, v in os.environ.items()
+              if k.startswith(("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_"))})
   env.update(PYTHON=sys.executable, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
              # Halves XLA:CPU compile time, which is most of this test; all three
              # runs use the same flags, so they stay comparable.
              XLA_FLAGS="--xla_backend_optimization_level=0 "
                        "--xla_llvm_disable_expensive_passes=true "
-                       "--xla_cpu_use_fusion_emitters=false")
+                       "--xla_cpu_use_fusion_emitters=false "
+                       "--xla_cpu_parallel_codegen_split_count=1")
   env.update(extra)
   return env
 
