@@ -27,6 +27,18 @@ def xla_flags(devices: int) -> str:
   return " ".join([f"--xla_force_host_platform_device_count={devices}", *kept])
 
 
+def with_sigint_default(cmd: list[str]) -> list[str]:
+  """`cmd` started as from a terminal, with SIGINT at its default: a test worker
+  may ignore SIGINT, a child inherits that, and neither Python nor bash can then
+  hear a Ctrl-C (bash cannot even trap a signal ignored on entry). A small Python
+  resets it and execs `cmd`, so the test process, which runs JAX's threads, is
+  never forked to run Python in the child (`preexec_fn`; JAX warns that a fork
+  of a threaded process can deadlock)."""
+  return [sys.executable, "-c", "import os, signal, sys; "
+          "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+          "os.execvp(sys.argv[1], sys.argv[1:])", *map(str, cmd)]
+
+
 def tiny_config(objective="maelm", **overrides):
   """A resolved pretraining config small enough for CPU tests."""
   config = pretrain.get_config(f"objective={objective},size=tiny")

@@ -20,6 +20,7 @@ import pytest
 
 from maelm_jax.run import distributed
 from maelm_jax.run.distributed import DistributedConfigError, detect
+from tests import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "launch" / "local.sh"
@@ -676,16 +677,16 @@ def fake_python(tmp_path):
 def start_local(fake_python, tmp_path, mode, num_processes=2):
   env = {k: v for k, v in os.environ.items() if not k.startswith("MAELM_")}
   env.update(PYTHON=str(fake_python), FAKE_DIR=str(tmp_path), FAKE_MODE=mode)
+  # As from a terminal: SIGINT at its default (helpers.with_sigint_default; bash
+  # cannot trap a signal ignored on entry, so the launcher would never see the
+  # forwarded Ctrl-C).
   return subprocess.Popen(
-      ["bash", str(LOCAL_SH), f"--num_processes={num_processes}",
-       "--devices_per_process=3", "--port=12345", "--",
-       f"--workdir={tmp_path / 'w'}", "--x=1"],
+      helpers.with_sigint_default(
+          ["bash", str(LOCAL_SH), f"--num_processes={num_processes}",
+           "--devices_per_process=3", "--port=12345", "--",
+           f"--workdir={tmp_path / 'w'}", "--x=1"]),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-      start_new_session=True,
-      # As from a terminal: SIGINT at its default. A test worker that inherited
-      # SIGINT ignored would pass that on, and bash cannot trap a signal ignored
-      # on entry (the launcher would never see the forwarded Ctrl-C).
-      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+      start_new_session=True)
 
 
 def wait_ready(tmp_path, num_processes, timeout=30):

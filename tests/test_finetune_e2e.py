@@ -24,6 +24,7 @@ from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.modeling import model as model_lib
 from maelm_jax.core import sharding
 from maelm_jax.finetune import heads, run, squad_metrics, sweep
+from tests import helpers
 from tests.helpers import built_once, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -607,10 +608,8 @@ def test_finetuning_stopped_by_ctrl_c_resumes_exactly(tmp_path, pretrained):
     return [(r["step"], r["train/loss"]) for r in read_jsonl(directory / "metrics.jsonl")
             if "train/loss" in r]
 
-  process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                              signal.SIG_DFL))
+  process = subprocess.Popen(helpers.with_sigint_default(cmd), cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 300
   while not (workdir / "metrics.jsonl").exists() or len(train_losses(workdir)) < 25:
     assert process.poll() is None, process.communicate()[1][-3000:]

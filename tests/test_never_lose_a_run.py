@@ -17,6 +17,7 @@ from maelm_jax.run import checkpoints
 from maelm_jax.run import pretrained as pretrained_lib
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.run.metric_writers import truncate_jsonl
+from tests import helpers
 from tests.test_resume import (REPO, TOTAL_STEPS, command, losses,  # noqa: F401
                                reference, reference_workdir, run, run_env,
                                steps_logged)  # (reference, reference_workdir: fixtures)
@@ -192,9 +193,8 @@ def test_ctrl_c_saves_and_resumes_exactly(tmp_path, tokenizer_file, reference):
   child inherits that, so the child starts with the default disposition)."""
   import time
   process = subprocess.Popen(
-      command(tmp_path, tokenizer_file), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True,
-      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+      helpers.with_sigint_default(command(tmp_path, tokenizer_file)), cwd=REPO,
+      env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 300
   while steps_logged(tmp_path) < 6:
     assert process.poll() is None, process.communicate()[1][-3000:]
