@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+from maelm_jax.core import cli
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ("maelm_jax.main", "maelm_jax.plan", "maelm_jax.compare", "maelm_jax.sweep",
             "maelm_jax.evaluate.blimp", "maelm_jax.evaluate.analyze",
@@ -59,6 +61,10 @@ COMMAND = textwrap.dedent("""
         raise KeyboardInterrupt
       if what == "status":
         return 3
+      if what == "gc":
+        import gc
+        print(*gc.get_threshold(), gc.get_freeze_count() > 1000)
+        return
       print("ran")
 
     cli.run(main, define_flags, stopped="nothing was lost; the same command resumes")
@@ -85,6 +91,15 @@ def test_a_command_ends_with_its_status_and_one_line(tmp_path, args, status, std
     assert done.stdout.strip() == "ran" and not done.stderr
   if "--verbose" not in args and status == 1 and "user_error" in str(args):
     assert done.stderr.count("\n") <= 2  # The line and how to see the traceback.
+
+
+def test_a_command_runs_with_pythons_collector_at_the_projects_thresholds(tmp_path):
+  script = tmp_path / "command.py"
+  script.write_text(COMMAND)
+  done = python(str(script), "--what=gc")
+  assert done.returncode == 0, done.stderr[-2000:]
+  # The imports' objects frozen, out of every collection.
+  assert done.stdout.split() == [*map(str, cli.GC_THRESHOLDS), "True"]
 
 
 # ------------------------------------------------------- Console scripts --
