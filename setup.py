@@ -84,8 +84,8 @@ setup(
         # gcp-storage-emulator: the gs:// tests' GCS, on 127.0.0.1.
         # wandb: the W&B logging test, in its offline mode (tests/test_wandb.py).
         # ml_dtypes below 0.7: 0.7.0 takes 0.6 s to register its numpy loops at
-        # every import of jax, against 0.005 s for 0.6.0, and the suite starts
-        # some 150 processes (benchmarks/test-suite-cost.md); jax asks >=0.5.
+        # every import of jax, against 0.005 s for 0.6.0, and every run a test
+        # starts imports jax (benchmarks/test-suite-cost.md); jax asks >=0.5.
         "test": [TPU, *GCS, "gcp-storage-emulator>=2024.8", "import-linter>=2.0", "pytest>=8.0", "pytest-xdist>=3.5", "pytest-cov>=5.0",
                  "safetensors>=0.4", "torch==2.13.0", "transformers==4.57.6", "wandb>=0.17",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",

@@ -95,7 +95,7 @@ def _optimized_when_marked(request, monkeypatch):
   import jax  # pylint: disable=import-outside-toplevel
   before = jax.config.read("jax_disable_most_optimizations")
   monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
-  # (This process's backend has read its XLA_FLAGS already; its runs have not.)
+  # (This process's backend read its XLA_FLAGS at collection; its runs have not.)
   monkeypatch.setenv("XLA_FLAGS", " ".join(
       f for f in os.environ.get("XLA_FLAGS", "").split() if f != FUSION_EMITTERS_OFF))
   jax.config.update("jax_disable_most_optimizations", False)
@@ -151,11 +151,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-  """The test process's collector as the commands' (core/cli.py), the test
-  modules' imports frozen: test_model + test_masking took 51.9 against 54.1
-  CPU-s (benchmarks/test-suite-cost.md)."""
+  """Before the first test: the CPU backend made, and the collector as the
+  commands' (core/cli.py), the test modules' imports frozen.
+
+  XLA reads XLA_FLAGS when the backend is made, at the process's first use of a
+  device. Made inside an `optimized` test, whose monkeypatch drops
+  FUSION_EMITTERS_OFF for its runs, the worker compiled with the newer emitters
+  to its end: test_scan_layers took 81.4 CPU-s after a one-line optimized test
+  against 48.6 alone, and a worker that began with test_plan.py paid it for
+  every file after (benchmarks/test-suite-cost.md). The collector: test_model +
+  test_masking 51.9 against 54.1 CPU-s."""
   del session  # (the hook's signature)
+  import jax  # pylint: disable=g-import-not-at-top
   from maelm_jax.core import cli  # pylint: disable=g-import-not-at-top
+  jax.devices()
   cli.collect_garbage_less()
 
 
