@@ -40,8 +40,9 @@ demo: install
 # Three workers on two cores: two left the cores idle a quarter of the time, while
 # a worker waited on a run it started, a bucket or a signal (benchmarks/test-suite-cost.md).
 # Tests of a file run on one worker (--dist loadfile), so a module's fixtures (a
-# trained run, an export) are built once, not once per worker.
-PYTEST := MAELM_TRANSFORMERS5_PYTHON=$(abspath $(TRANSFORMERS5))/bin/python $(PY) -m pytest -n 3 --dist loadfile -q --durations=15
+# trained run, an export) are built once, not once per worker; the files go out
+# in tests/conftest.py's order (FIRST_FILES, then xdist's own: most tests first).
+PYTEST := MAELM_TRANSFORMERS5_PYTHON=$(abspath $(TRANSFORMERS5))/bin/python $(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder -q --durations=15
 test: install-test
 	$(PYTEST) $(PYTEST_ARGS)
 

@@ -1,6 +1,7 @@
 """Test set-up: 8 fake CPU devices in the test process, 2 in the runs it starts,
 set before JAX initialises."""
 
+import collections
 import importlib.util
 import os
 
@@ -133,6 +134,13 @@ def tokenizer_file(tmp_path_factory):
 SLOW_TESTS = pathlib.Path(__file__).with_name("slow_tests.txt")
 
 
+# Two long files of few tests whose runs neither fill nor read the suite's
+# compilation cache (the notebook's one-device demo programs; the launches' own
+# cache). By number of tests they went out last and ran on alone: at 4d06daf the
+# workers ended at 815, 913 and 937 s, on test_multiprocess.py and the notebook.
+FIRST_FILES = ("tests/test_notebook.py", "tests/test_multiprocess.py")
+
+
 def pytest_collection_modifyitems(config, items):
   del config  # (the hook's signature)
   listed = {line.split("#")[0].strip() for line in SLOW_TESTS.read_text().splitlines()}
@@ -148,6 +156,12 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.nodeid.split("[")[0] in listed:
       item.add_marker(pytest.mark.slow)
+  # The order xdist hands the files out in (the Makefile's --no-loadscope-reorder
+  # keeps it): its own, by number of tests, but FIRST_FILES first.
+  counts = collections.Counter(item.nodeid.split("::")[0] for item in items)
+  items.sort(key=lambda item: (item.nodeid.split("::")[0] not in FIRST_FILES,
+                               -counts[item.nodeid.split("::")[0]],
+                               item.nodeid.split("::")[0]))
 
 
 def pytest_collection_finish(session):
