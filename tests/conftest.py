@@ -106,6 +106,33 @@ def _optimized_when_marked(request, monkeypatch):
     jax.config.update("jax_disable_most_optimizations", before)
 
 
+RUN_DEVICES = 2
+
+
+@pytest.fixture(autouse=True)
+def _runs_mesh_two_devices(monkeypatch):
+  """A run in the test process (train, fine-tune, BLiMP: `sharding.make_mesh` with
+  no devices given) meshes the first 2 of its 8 devices, as the runs tests start
+  as processes have 2; a mesh_shape that 2 cannot make (2x2x2, 8x1x1) gets all 8,
+  and a wrong one the 8 devices' message. On 2 cores a tiny run shards no better
+  over 8 fake devices than over 2, and pays for the other 6: test_train_e2e,
+  test_export_hf, test_import_hf and test_wandb 340.2 against 363.8 CPU-s
+  (benchmarks/test-suite-cost.md)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from maelm_jax.core import sharding  # pylint: disable=import-outside-toplevel
+  make_mesh = sharding.make_mesh
+
+  def on_two_devices(mesh_shape, devices=None):
+    if devices is None:
+      try:
+        return make_mesh(mesh_shape, jax.devices()[:RUN_DEVICES])
+      except ValueError:
+        pass
+    return make_mesh(mesh_shape, devices)
+
+  monkeypatch.setattr(sharding, "make_mesh", on_two_devices)
+
+
 @pytest.fixture
 def plots_on(monkeypatch):
   """The run's figures drawn, in this process and the runs it starts."""
