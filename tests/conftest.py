@@ -1,5 +1,6 @@
 """Test set-up: 8 fake CPU devices in the test process, 2 in the runs it starts,
-set before JAX initialises."""
+set before JAX initialises; a run in the test process meshes 2 of its 8 unless its
+mesh_shape needs more (`_runs_mesh_two_devices`)."""
 
 import collections
 import importlib.util

@@ -525,8 +525,8 @@ def fake_pretraining_workdir(path, max_positions=64):
     ({"init_from": ""}, ValueError, "--config.init_from is empty"),
     ({"init_from": "/nonexistent"}, FileNotFoundError,
      "config.json not found: --config.init_from must be the --workdir"),
-    ({"batch_size": 12}, ValueError,
-     "batch_size=12 is not divisible by the data-parallel size 8"),
+    ({"batch_size": 13}, ValueError,  # (runs in the test process mesh 2 devices)
+     "batch_size=13 is not divisible by the data-parallel size 2"),
     ({"max_seq_len": 128}, ValueError,
      "max_seq_len=128 exceeds the 64 positions .* --config.max_seq_len=64"),
     ({"data.dir": "/nonexistent"}, FileNotFoundError, "nor a SST-2/ directory"),
