@@ -221,6 +221,34 @@ def test_only_a_closed_event_loops_callback_error_is_kept_quiet():
   assert not cli._closed_loop_noise(ValueError, ValueError("x"), None)  # pylint: disable=protected-access
 
 
+def test_orbax_tracebacks_of_a_full_disk_are_dropped_through_their_causes():
+  """Orbax logs the traceback of a failed write whose message says nothing; the
+  full disk is in an exception it was raised from. The run says that in one line,
+  so the filter drops orbax's record, and only orbax's (or asyncio's)."""
+  import logging  # pylint: disable=import-outside-toplevel
+  try:
+    try:
+      raise OSError(28, "No space left on device")
+    except OSError as disk:
+      raise RuntimeError("write failed") from disk
+  except RuntimeError as error:
+    exc_info = (type(error), error, error.__traceback__)
+
+  def record(pathname, exc_info=exc_info, message="save failed"):
+    return logging.LogRecord("x", logging.ERROR, pathname, 1, message, None, exc_info)
+
+  quiet = cli.QuietLibraries()
+  assert not quiet.filter(record("/site-packages/orbax/checkpoint/async.py"))
+  assert not quiet.filter(record("/lib/python3.11/asyncio/base_events.py"))
+  assert quiet.filter(record("/work/maelm_jax/run/train.py"))
+  # Orbax's own error with no full disk or lost bucket in its chain stays.
+  try:
+    raise RuntimeError("write failed") from ValueError("bad shape")
+  except RuntimeError as error:
+    other = (type(error), error, error.__traceback__)
+  assert quiet.filter(record("/site-packages/orbax/checkpoint/async.py", other))
+
+
 def test_a_slot_refuses_bad_flags_and_a_refused_run_packs_nothing(tmp_path):
   """launch/slot.sh: a wrong flag or a missing --parts is one line and exit 2; a
   run refused before it wrote anything (an unknown config key) leaves no workdir

@@ -51,6 +51,36 @@ def test_collectives_and_kernels_inside_a_loop_count_once_per_iteration():
   assert stats.largest_buffers[0][:2] == (131072, "bf16[64,1024]")
 
 
+PERMUTED = """\
+HloModule m
+
+ENTRY %main (a: f32[1024]) -> f32[1024] {
+  %a = f32[1024]{0} parameter(0)
+  %cp = f32[1024]{0} collective-permute(%a), channel_id=1, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %cps = (f32[1024]{0}, f32[1024]{0}, u32[], u32[]) collective-permute-start(%cp), channel_id=2, source_target_pairs={{0,1},{1,0}}
+  %cpd = f32[1024]{0} collective-permute-done(%cps)
+  %ags = (bf16[16,256]{1,0}, bf16[64,256]{1,0}) all-gather-start(%cpd), channel_id=3, dimensions={0}
+  %agd = bf16[64,256]{1,0} all-gather-done(%ags)
+  ROOT %r = f32[1024]{0} copy(%cpd)
+}
+"""
+
+
+def test_a_permute_sends_its_array_once_and_a_start_counts_its_result():
+  """A collective-permute (shifted pipelines, ring attention) sends its whole array
+  to one neighbour whatever the ring's length; an async start's shape also holds
+  its operand and contexts, of which only the result counts. An all-gather with no
+  replica groups spans every device."""
+  stats = hlo_stats.analyze(PERMUTED, num_devices=8)
+  assert stats.collectives["collective-permute"] == {
+      "count": 2, "bytes": 2 * 4096, "ring_bytes": 2 * 4096.0}
+  # (operands, results): the larger half is the gathered result, over 8 devices.
+  assert stats.collectives["all-gather"] == {
+      "count": 1, "bytes": 64 * 256 * 2, "ring_bytes": 7 / 8 * 64 * 256 * 2}
+  assert hlo_stats.group_size("%x = f32[8] all-reduce(%y), to_apply=%add", 8) == 8
+  assert hlo_stats.group_size("source_target_pairs={{0,1},{1,0}}", 8) == 2
+
+
 TRAFFIC = """\
 HloModule m
 
