@@ -1,8 +1,9 @@
 """The storage layer's own behaviour, without a bucket: how often a request to a
-store that fails is tried (the runs against an emulated bucket are in
-test_gcs_workdir.py)."""
+store that fails is tried, and what a workdir's mirror keeps when the bucket
+lacks its files (the runs against an emulated bucket are in test_gcs_workdir.py)."""
 
 import http.server
+import pathlib
 import threading
 
 import fsspec
@@ -83,3 +84,29 @@ def test_an_emulator_gets_the_plain_http_filesystem(unavailable_store, monkeypat
   storage.configure()
   assert type(storage.filesystem()) is gcsfs.core.GCSFileSystem  # pylint: disable=unidiomatic-typecheck
   assert fsspec.get_filesystem_class("gcs") is gcsfs.core.GCSFileSystem
+
+
+def test_a_mirror_whose_last_push_failed_keeps_its_files_and_says_where(
+    tmp_path, monkeypatch, caplog):
+  """A bucket workdir's local mirror is deleted at the run's end only once the
+  bucket holds every file; after a push that failed (the store gone at the end)
+  the files stay, and the log names them and the command that uploads them."""
+  store = fsspec.filesystem("memory")
+  monkeypatch.setattr(storage, "filesystem", lambda: store)
+  monkeypatch.setattr(storage, "reachable", lambda url, timeout=5.0: True)
+  monkeypatch.setenv("MAELM_MIRROR_DIR", str(tmp_path))
+  mirror = storage.Mirror("gs://maelm-mirror-test/run")
+  local = pathlib.Path(mirror.local)
+  (local / "metrics.jsonl").write_text('{"step": 1}\n')
+  assert mirror.push() == 1 and mirror.unpushed() == []
+  with open(local / "metrics.jsonl", "a", encoding="utf-8") as log:
+    log.write('{"step": 2}\n')  # Written after the last push that reached it.
+  assert mirror.unpushed() == ["metrics.jsonl"]
+  mirror.remove()
+  assert (local / "metrics.jsonl").read_text().count("step") == 2
+  kept = [r.getMessage() for r in caplog.records if "did not reach" in r.getMessage()]
+  assert kept and "metrics.jsonl" in kept[0] and "gcloud storage cp -r" in kept[0]
+  assert mirror.push() == 1
+  mirror.remove()
+  assert not local.exists()
+  assert store.cat("maelm-mirror-test/run/metrics.jsonl").count(b"step") == 2
