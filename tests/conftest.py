@@ -18,7 +18,8 @@ if (importlib.util.find_spec("libtpu") is not None
 # less CPU than on 8 (a 20-step run, its steps in the compilation cache, three
 # interleaved pairs: median 11.7 against 15.2 CPU-s; benchmarks/test-suite-cost.md).
 _TEST_PROCESS_DEVICES = 8
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "2")
+RUN_DEVICES = 2  # Also what a run in the test process meshes (`_runs_mesh_two_devices`).
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(RUN_DEVICES))
 # LLVM at -O1, not -O2, for the tests' own programs and every run they start: the
 # suite is bound by XLA's CPU compiles of tiny programs, and -O1 compiles them
 # about a sixth faster while the 500-step quality test runs as fast
@@ -105,9 +106,6 @@ def _optimized_when_marked(request, monkeypatch):
     yield
   finally:
     jax.config.update("jax_disable_most_optimizations", before)
-
-
-RUN_DEVICES = 2
 
 
 @pytest.fixture(autouse=True)

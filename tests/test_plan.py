@@ -150,8 +150,8 @@ def test_a_config_that_cannot_fit_is_refused_with_a_knob_and_its_plan():
   it the head's logits); the answer is exit 3 and at most 5 lines naming the knob
   that fits, compiled to check it (grad_accum_steps=2: 13.2 GB). (The same path as a
   large model's refusal, whose compiles took 5x as long here. Its earlier form,
-  12288 rows of 512 over 32000 pieces, cost 151.7 CPU-s in the suite, this one
-  101.2; benchmarks/test-suite-cost.md.)"""
+  12288 rows of 512 over 32000 pieces, cost 151.7 CPU-s in the suite, its two-layer
+  form 101.2; benchmarks/test-suite-cost.md.)"""
   # One encoder layer, not two: the same refusal and knob, the command 33.0 against
   # 42.1 CPU-s (two alternating pairs, benchmarks/test-suite-cost.md).
   result = run_plan_cli("--config=configs/pretrain.py:objective=mlm,size=tiny",
