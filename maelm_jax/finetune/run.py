@@ -152,48 +152,47 @@ def check_pretrained(config) -> None:
 # --------------------------------------------------------- Sharded state --
 
 
-def _state_init(model: nn.Module, max_seq_len: int, tx):
-  """(init_boxed_params(rng), init_state(seed, backbone) -> FinetuneState): a new
-  head around the given (pretrained) backbone params."""
+def _boxed_state_init(model: nn.Module, max_seq_len: int, tx):
+  """init(seed, backbone=None) -> FinetuneState whose params are still boxed
+  (`train_lib.state_layout`): a new head around the given (pretrained) backbone
+  params, or around the model's own random backbone when none is given (its
+  shapes and logical names are what the layout needs)."""
   dummy_ids = jnp.zeros((1, max_seq_len), jnp.int32)
 
-  def init_boxed(rng):
-    return model.init(rng, dummy_ids)["params"]
-
-  def init(seed_array, backbone):
+  def init(seed_array, backbone=None):
     init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed_array))
-    params = dict(nn.meta.unbox(init_boxed(init_rng)))
-    params["backbone"] = backbone  # XLA drops the unused random backbone init.
+    params = dict(model.init(init_rng, dummy_ids)["params"])
+    if backbone is not None:
+      params["backbone"] = backbone  # XLA drops the unused random backbone init.
     return FinetuneState(step=jnp.zeros((), jnp.int32), params=params,
-                         opt_state=tx.init(params), rng=state_rng)
+                         opt_state=tx.init(nn.meta.unbox(params)), rng=state_rng)
 
-  return init_boxed, init
+  return init
 
 
 def abstract_state(model: nn.Module, max_seq_len: int, tx, mesh):
   """The fine-tuning state's shapes and shardings, nothing allocated and nothing
   read (what resume restores into). Returns (abstract_state, state_shardings)."""
-  init_boxed, init = _state_init(model, max_seq_len, tx)
-  with attention.kernel_mesh(mesh):
-    backbone = nn.meta.unbox(jax.eval_shape(init_boxed, jax.random.PRNGKey(0)))["backbone"]
-  return train_lib.state_layout(init_boxed, init, tx, mesh, backbone)
+  return train_lib.state_layout(_boxed_state_init(model, max_seq_len, tx), tx, mesh)
 
 
 def create_state(model: nn.Module, max_seq_len: int, backbone_params, tx, mesh,
-                 seed: int):
+                 seed: int, layout=None):
   """The train state, already sharded: pretrained backbone + a new head.
 
   The mechanism of pretraining (`train_lib.state_layout` / `build_state`); the
   pretrained numpy arrays are placed straight into their shards, each process
-  building only its own. Returns (state, state_shardings).
+  building only its own. `layout`: `abstract_state`'s (abstract, shardings) when
+  known (the run's program has it), so the model is not traced once more.
+  Returns (state, state_shardings).
   """
-  init_boxed, init = _state_init(model, max_seq_len, tx)
-  abstract, shardings = abstract_state(model, max_seq_len, tx, mesh)
+  abstract, shardings = layout or abstract_state(model, max_seq_len, tx, mesh)
   _check_backbone_shapes(abstract.params["backbone"], backbone_params)
   backbone = jax.tree.map(
       lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
       backbone_params, shardings.params["backbone"])
-  return train_lib.build_state(init, shardings, mesh, seed, backbone), shardings
+  return train_lib.build_state(_boxed_state_init(model, max_seq_len, tx), shardings,
+                               mesh, seed, backbone), shardings
 
 
 def _check_backbone_shapes(expected, loaded) -> None:
@@ -393,7 +392,7 @@ def _run(config, workdir: str, problem, mesh) -> dict:
       logging.info("loaded encoder (token_embed, encoder) from step %d of %s; %s and "
                    "LM head not loaded", pretrained.step, config.init_from, dropped)
       state, _ = create_state(model, config.max_seq_len, pretrained.params, tx, mesh,
-                              config.seed)
+                              config.seed, (abstract, program.state_shardings))
       pretrained.params = None  # The host copy is no longer needed.
     progress = progress or {"epoch": 1, "batches_done": 0, "history": []}
     # config.json and metrics.jsonl as of the step it goes on from (run_session.py),

@@ -307,16 +307,18 @@ def _dummy_masks(cfg: ModelConfig, seq_len: int, batch: int = 1) -> masking.Mask
                             vocab_size=cfg.vocab_size)
 
 
-def state_layout(init_boxed_params, init_state, tx, mesh, *init_args):
-  """The shapes and shardings of the state `init_state(seed, *init_args)` builds,
-  with nothing allocated. Shared by pretraining (`TrainState`) and fine-tuning
-  (`finetune.run.FinetuneState`).
+def state_layout(init_boxed_state, tx, mesh, *init_args):
+  """The shapes and shardings of the state `init_boxed_state(seed, *init_args)`
+  builds, with nothing allocated. Shared by pretraining (`TrainState`) and
+  fine-tuning (`finetune.run.FinetuneState`).
 
-  Parameters are sharded by the logical axes their modules declare (read from
-  `init_boxed_params(rng)`, the model's boxed params, via `jax.eval_shape`), the
-  optimizer state like the parameters it belongs to, every other leaf (step,
-  rng, counters) replicated. `init_args` may be `jax.ShapeDtypeStruct`s.
-  Returns (abstract_state with shardings, state_shardings).
+  `init_boxed_state` returns the state with its `params` still boxed (flax's
+  logical-axis metadata, `nn.Partitioned`): one trace of the model gives both the
+  shapes and the names the shardings come from (a model's init is its longest
+  trace; a state once took three). Parameters are sharded by the logical axes
+  their modules declare, the optimizer state like the parameters it belongs to,
+  every other leaf (step, rng, counters) replicated. `init_args` may be
+  `jax.ShapeDtypeStruct`s. Returns (abstract_state with shardings, state_shardings).
   """
   # Under the kernel mesh, as the steps are: init traces attention too, and its
   # kernel rules are the mesh's platform's (plan.py traces for TPU on a CPU). No
@@ -324,26 +326,29 @@ def state_layout(init_boxed_params, init_state, tx, mesh, *init_args):
   # rules, given explicitly below (and flax's DenseGeneral boxes a flattened
   # kernel that a set mesh would reject: P('fsdp', 'tensor', None), rank 2).
   with attention.kernel_mesh(mesh):
-    abstract_boxed = jax.eval_shape(init_boxed_params, jax.random.PRNGKey(0))
-    param_specs = nn.get_partition_spec(abstract_boxed)
-    abstract = jax.eval_shape(init_state, jnp.uint32(0), *init_args)
-    opt_specs = optax.tree_map_params(
-        tx, lambda _, spec: spec, abstract.opt_state, param_specs,
-        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
-        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    specs = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), abstract).replace(
-        params=param_specs, opt_state=opt_specs)
-    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
+    boxed = jax.eval_shape(init_boxed_state, jnp.uint32(0), *init_args)
+  param_specs = nn.get_partition_spec(boxed.params)
+  abstract = nn.meta.unbox(boxed)  # Shapes only, outside any mesh: no constraint.
+  opt_specs = optax.tree_map_params(
+      tx, lambda _, spec: spec, abstract.opt_state, param_specs,
+      transform_non_params=lambda _: jax.sharding.PartitionSpec(),
+      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  specs = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), abstract).replace(
+      params=param_specs, opt_state=opt_specs)
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding.LOGICAL_AXIS_RULES)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           abstract, shardings)
   return abstract, shardings
 
 
-def build_state(init_state, shardings, mesh, seed: int, *init_args):
-  """Runs `init_state(seed, *init_args)` inside a jit whose `out_shardings` are
-  `shardings`, so each device creates only its own shards and no parameter is
-  ever whole on one device. `init_args` must already be placed (their shardings
-  are kept)."""
+def build_state(init_boxed_state, shardings, mesh, seed: int, *init_args):
+  """Runs `init_boxed_state(seed, *init_args)`, unboxed, inside a jit whose
+  `out_shardings` are `shardings` (`state_layout`'s), so each device creates only
+  its own shards and no parameter is ever whole on one device. `init_args` must
+  already be placed (their shardings are kept)."""
+  def init_state(*args):
+    return nn.meta.unbox(init_boxed_state(*args))
+
   with attention.kernel_mesh(mesh):
     return jax.jit(init_state, out_shardings=shardings)(jnp.uint32(seed), *init_args)
 
@@ -352,7 +357,7 @@ def abstract_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh):
   """The train state's shapes, dtypes and shardings, with nothing allocated:
   what a checkpoint is restored into (resume never builds a fresh state first).
   Returns (abstract_state, state_shardings)."""
-  return state_layout(*_state_init(model_cfg, seq_len, tx), tx, mesh)
+  return state_layout(_boxed_state_init(model_cfg, seq_len, tx), tx, mesh)
 
 
 def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: int,
@@ -362,11 +367,11 @@ def create_sharded_state(model_cfg: ModelConfig, seq_len: int, tx, mesh, seed: i
   jax.eval_shape -> logical partition specs -> mesh shardings -> jit(init) with
   out_shardings, so no parameter is ever materialised on a single device.
   `shardings`: the state's, when known (`abstract_sharded_state`'s): the model
-  is then not traced twice more to find them. Returns (state, state_shardings).
+  is then not traced once more to find them. Returns (state, state_shardings).
   """
-  init_boxed, init = _state_init(model_cfg, seq_len, tx)
+  init = _boxed_state_init(model_cfg, seq_len, tx)
   if shardings is None:
-    _, shardings = state_layout(init_boxed, init, tx, mesh)
+    _, shardings = state_layout(init, tx, mesh)
   return build_state(init, shardings, mesh, seed), shardings
 
 
@@ -379,21 +384,18 @@ def init_params(model_cfg: ModelConfig, seq_len: int, rng: jax.Array):
       model.init(r, _dummy_masks(model_cfg, seq_len))["params"]))(rng)
 
 
-def _state_init(model_cfg: ModelConfig, seq_len: int, tx):
-  """(init_boxed_params(rng), init_state(seed) -> TrainState)."""
+def _boxed_state_init(model_cfg: ModelConfig, seq_len: int, tx):
+  """init(seed) -> TrainState whose params are still boxed (`state_layout`)."""
   model = MaskedLM(model_cfg)
-
-  def init_boxed(rng):
-    return model.init(rng, _dummy_masks(model_cfg, seq_len))["params"]
 
   def init(seed_array):
     init_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed_array))
-    params = nn.meta.unbox(init_boxed(init_rng))
+    boxed = model.init(init_rng, _dummy_masks(model_cfg, seq_len))["params"]
     zero = jnp.zeros((), jnp.int32)
-    return TrainState(step=zero, params=params, opt_state=tx.init(params),
+    return TrainState(step=zero, params=boxed, opt_state=tx.init(nn.meta.unbox(boxed)),
                       rng=state_rng, nonfinite_count=zero, last_nonfinite_step=zero)
 
-  return init_boxed, init
+  return init
 
 
 def _split_microbatches(tree, num_micro: int):
