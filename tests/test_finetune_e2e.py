@@ -459,12 +459,24 @@ def test_grid_keeps_each_tasks_defaults_under_the_overrides():
 # ------------------------------------------------- State and early errors --
 
 
-def test_state_starts_from_the_pretrained_encoder_with_a_new_head(pretrained):
+def test_state_starts_from_the_pretrained_encoder_with_a_new_head(pretrained,
+                                                                  monkeypatch):
   loaded = pretrained_lib.load_pretrained(str(pretrained))
   mesh = sharding.make_mesh((2, 2, 2))
+  calls = []
+  traced = heads.SequenceClassifier.__call__
+  monkeypatch.setattr(heads.SequenceClassifier, "__call__",
+                      lambda self, *a, **k: calls.append(1) or traced(self, *a, **k))
   model = heads.SequenceClassifier(loaded.model_cfg, num_outputs=3)
-  state, shardings = run.create_state(model, 16, loaded.params, optax.adamw(1e-3),
-                                      mesh, seed=0)
+  tx = optax.adamw(1e-3)
+  # As a run starts: its program's layout, then the state built into it; one
+  # trace of the model each (a fresh start once took five).
+  layout = run.abstract_state(model, 16, tx, mesh)
+  state, shardings = run.create_state(model, 16, loaded.params, tx, mesh, seed=0,
+                                      layout=layout)
+  assert len(calls) == 2
+  assert jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), state) == \
+      jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), layout[0])
   assert set(state.params) == {"backbone", "head"}
   assert set(state.params["backbone"]) == {"token_embed", "encoder"}
   for got, want in zip(jax.tree.leaves(state.params["backbone"]),

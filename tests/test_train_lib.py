@@ -50,6 +50,30 @@ def test_single_device_and_2x2x2_mesh_give_the_same_losses(objective):
                                       min_size=4096) == 0.0
 
 
+def test_a_state_is_laid_out_and_built_from_two_traces_of_its_model(monkeypatch):
+  """The layout (what resume restores into) and the build each trace the model's
+  init once, and agree leaf by leaf: shape, dtype and sharding. A model's init is
+  a run's longest trace after its step's; a state once took three."""
+  calls = []
+  traced = model_lib.MaskedLM.__call__
+  monkeypatch.setattr(model_lib.MaskedLM, "__call__",
+                      lambda self, *a, **k: calls.append(1) or traced(self, *a, **k))
+  config = tiny_config("maelm")
+  cfg = model_lib.ModelConfig.from_config(config.model, VOCAB, 4)
+  tx = train_lib.make_optimizer(config)
+  mesh = sharding.make_mesh((2, 1, 1), jax.devices()[:2])
+  abstract, shardings = train_lib.abstract_sharded_state(cfg, config.seq_len, tx, mesh)
+  assert len(calls) == 1
+  state, _ = train_lib.create_sharded_state(cfg, config.seq_len, tx, mesh, 0, shardings)
+  assert len(calls) == 2
+  assert jax.tree.structure(state) == jax.tree.structure(abstract)
+  for built, planned in zip(jax.tree.leaves(state), jax.tree.leaves(abstract)):
+    assert (built.shape, built.dtype, built.sharding) == \
+        (planned.shape, planned.dtype, planned.sharding)
+  assert not any(isinstance(x, nn.meta.AxisMetadata) for x in jax.tree.leaves(
+      state, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)))
+
+
 def _sharding_constraints(jaxpr) -> list:
   """The sharding_constraint equations of a jaxpr and of every jaxpr inside it."""
   found = []
