@@ -184,6 +184,34 @@ def test_the_store_gone_mid_run_one_line_nothing_lost_the_same_command_resumes(
   assert_same_run(workdir, local_reference)
 
 
+def test_the_emulator_stopped_mid_write_restarts_with_what_it_held(tmp_path,
+                                                                   monkeypatch):
+  """The emulator the outage test stops at any instant keeps its index whole, as
+  GCS does: it once wrote `.meta` in place, a kill mid-write left it cut short,
+  no restart could read it, and every later gs:// test of that suite failed."""
+  emulator_storage = pytest.importorskip("gcp_storage_emulator.storage")
+  store_class = emulator_storage._FileStore  # pylint: disable=protected-access
+  monkeypatch.setattr(store_class, "write_bytes", store_class.write_bytes)  # Restored.
+  gcs_emulator.write_files_whole()
+  held = emulator_storage.Storage(data_dir=str(tmp_path))
+  held.create_bucket("kept", {"name": "kept"})
+  write = pathlib.Path.write_bytes
+
+  def killed_mid_write(path, content):
+    with open(path, "wb") as f:  # Opened (emptied), half written, then killed.
+      f.write(content[:len(content) // 2])
+    raise SystemExit("killed mid-write")
+
+  monkeypatch.setattr(pathlib.Path, "write_bytes", killed_mid_write)
+  with pytest.raises(SystemExit):
+    held.create_bucket("half-written", {"name": "half-written"})
+  monkeypatch.setattr(pathlib.Path, "write_bytes", write)
+  restarted = emulator_storage.Storage(data_dir=str(tmp_path))
+  assert set(restarted.buckets) == {"kept"}
+  restarted.create_bucket("after", {"name": "after"})
+  assert set(emulator_storage.Storage(data_dir=str(tmp_path)).buckets) == {"kept", "after"}
+
+
 def test_two_runs_racing_for_one_gs_workdir_one_is_refused(emulator, tokenizer_file):
   """The second starts while the first holds the lease and is refused; the first
   goes on undisturbed until it is stopped, and saves. (The first's schedule is
