@@ -393,7 +393,7 @@ def test_tpu_pod_plans_for_the_tpus_own_topology_before_launching(fake_cloud):
   assert "# plan:" not in out.stdout
 
 
-def test_tpu_pod_refuses_a_config_the_plan_says_does_not_fit(fake_cloud):
+def test_tpu_pod_refuses_a_config_the_plan_says_does_not_fit(fake_cloud, tmp_path):
   env, _ = fake_cloud
   out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--", *MAIN_ARGS,
                     "--workdir=/w"], env={**env, "FAKE_PLAN_EXIT": "3"})
@@ -405,10 +405,24 @@ def test_tpu_pod_refuses_a_config_the_plan_says_does_not_fit(fake_cloud):
                     "--workdir=/w"], env={**env, "FAKE_PLAN_EXIT": "1"})
   assert out.returncode == 2 and out.stdout == ""
   assert "--skip_plan" in out.stderr
-  # No gcloud and no --topology: said before anything runs.
+  # No gcloud and no --topology: said before anything runs. The PATH is the
+  # system's without gcloud, which /usr/bin may hold: there a real gcloud asked
+  # the cloud (with its user's account) for TPU "t" and failed otherwise.
   out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--", *MAIN_ARGS,
-                    "--workdir=/w"], env={"PATH": "/usr/bin:/bin"})
-  assert out.returncode == 2 and "--topology=v5e:4x4" in out.stderr
+                    "--workdir=/w"], env={"PATH": path_without("gcloud", tmp_path)})
+  assert out.returncode == 2 and out.stdout == ""
+  assert "gcloud not found" in out.stderr and "--topology=v5e:4x4" in out.stderr
+
+
+def path_without(command, tmp_path) -> str:
+  """A PATH of /usr/bin and /bin's programs but `command`, linked into one folder."""
+  bin_dir = tmp_path / f"bin_without_{command}"
+  bin_dir.mkdir()
+  for folder in ("/usr/bin", "/bin"):
+    for name in os.listdir(folder):
+      if name != command and not (bin_dir / name).exists():
+        (bin_dir / name).symlink_to(os.path.join(folder, name))
+  return str(bin_dir)
 
 
 def test_tpu_pod_dry_run_prints_the_gcloud_commands():
