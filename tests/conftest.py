@@ -64,11 +64,12 @@ os.environ.setdefault("MALLOC_TOP_PAD_", str(64 << 20))
 # One persistent compilation cache for the whole session: the controller makes
 # the directory before xdist starts its workers, which inherit the variables, as
 # does every run a test starts as a subprocess (most compile the same tiny
-# steps). Everything is cached, however quick to compile. Removed at the end.
+# steps). Everything is cached, however quick to compile. Removed at the end, or
+# by the next session where this one was killed (tests/session_cache.py).
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
-  import tempfile  # noqa: E402
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="maelm-test-jax-cache-")
+  from tests import session_cache  # noqa: E402
+  os.environ["JAX_COMPILATION_CACHE_DIR"], _CACHE_HELD = session_cache.open_session_folder()
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -278,3 +279,4 @@ def pytest_unconfigure(config):
   if _OWN_CACHE and not hasattr(config, "workerinput"):
     import shutil  # pylint: disable=import-outside-toplevel
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    os.close(_CACHE_HELD)
