@@ -3,10 +3,12 @@ store that fails is tried, and what a workdir's mirror keeps when the bucket
 lacks its files (the runs against an emulated bucket are in test_gcs_workdir.py)."""
 
 import http.server
+import os
 import pathlib
 import threading
 
 import fsspec
+import fsspec.config
 import gcsfs
 import pytest
 
@@ -33,7 +35,7 @@ def unavailable_store(monkeypatch):
   threading.Thread(target=server.serve_forever, daemon=True).start()
   _Unavailable.requests = 0
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_port}")
-  monkeypatch.setenv("NO_GCE_CHECK", "True")
+  monkeypatch.setenv("NO_GCE_CHECK", "true")
   monkeypatch.delenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", raising=False)
   classes = {c for c in (gcsfs.GCSFileSystem, gcsfs.core.GCSFileSystem)}
   methods = {(c, n): c.__dict__[n] for c in classes
@@ -84,6 +86,29 @@ def test_an_emulator_gets_the_plain_http_filesystem(unavailable_store, monkeypat
   storage.configure()
   assert type(storage.filesystem()) is gcsfs.core.GCSFileSystem  # pylint: disable=unidiomatic-typecheck
   assert fsspec.get_filesystem_class("gcs") is gcsfs.core.GCSFileSystem
+
+
+def test_an_emulator_is_sent_no_credentials_of_the_machines_account(
+    unavailable_store, monkeypatch, tmp_path):
+  """Under an emulator gcsfs connects anonymously and google.auth probes no GCE
+  metadata server, though the machine has an account of its own (application
+  default credentials): gcsfs would load it, and refresh its token with Google
+  before the first request to the emulator."""
+  del unavailable_store
+  account = tmp_path / "adc.json"
+  account.write_text('{"type": "authorized_user", "client_id": "c", '
+                     '"client_secret": "s", "refresh_token": "r"}')
+  monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(account))
+  monkeypatch.setenv("NO_GCE_CHECK", "unset")  # Restored after the test...
+  monkeypatch.delenv("NO_GCE_CHECK")  # ...and unset for it, as for a user.
+  monkeypatch.setattr(fsspec.config, "conf", {})
+  gcsfs.core.GCSFileSystem.clear_instance_cache()
+  storage.configure()
+  assert storage.filesystem().credentials.method == "anon"
+  assert os.environ["NO_GCE_CHECK"] == "true"  # As gcsfs and google.auth read it.
+  # What gcsfs does on its own with that account: loads it.
+  assert gcsfs.core.GCSFileSystem(token=None, skip_instance_cache=True
+                                  ).credentials.method == "google_default"
 
 
 def test_a_mirror_whose_last_push_failed_keeps_its_files_and_says_where(

@@ -126,8 +126,17 @@ def configure() -> None:
       emulator = "http://" + emulator
     os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", emulator)
     # No credentials to find: google.auth would probe a GCE metadata server for
-    # seconds on every client gcsfs makes.
-    os.environ.setdefault("NO_GCE_CHECK", "True")
+    # seconds on every client gcsfs makes. Both read the word in lower case.
+    os.environ.setdefault("NO_GCE_CHECK", "true")
+    # And none to send: an emulator wants none, and gcsfs would otherwise load
+    # the machine's own account (application default credentials) and refresh
+    # its token with Google before each first request to the emulator.
+    try:
+      import fsspec.config  # pylint: disable=import-outside-toplevel
+    except ImportError:  # No gs:// support installed: nothing to configure.
+      pass
+    else:
+      fsspec.config.conf.setdefault("gs", {}).setdefault("token", "anon")
     _plain_gcsfs_for_an_emulator()
   std_logging.getLogger("gcsfs").setLevel(std_logging.CRITICAL)  # Ours say it.
   std_logging.getLogger("fsspec").setLevel(std_logging.WARNING)
