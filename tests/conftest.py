@@ -65,11 +65,33 @@ os.environ.setdefault("MALLOC_TOP_PAD_", str(64 << 20))
 # the directory before xdist starts its workers, which inherit the variables, as
 # does every run a test starts as a subprocess (most compile the same tiny
 # steps). Everything is cached, however quick to compile. Removed at the end, or
-# by the next session where this one was killed (tests/session_cache.py).
+# by the next session where this one was killed (tests/session_cache.py), with
+# the session's temporary folder.
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
+  import tempfile  # noqa: E402
   from tests import session_cache  # noqa: E402
-  os.environ["JAX_COMPILATION_CACHE_DIR"], _CACHE_HELD = session_cache.open_session_folder()
+  _SESSION, _SESSION_HELD = session_cache.open_session_folder()
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_SESSION, "jax-cache")
+  # The session's temporary files beside it, gone with it: libraries make folders
+  # they never remove (transformers' module caches, tfds' dataset info, wandb's
+  # media), some at import in every worker. pytest's own (tmp_path) stay where
+  # they were, the last three sessions' kept to look at.
+  os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+  os.environ["TMPDIR"] = os.path.join(_SESSION, "tmp")
+  for _folder in (os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["TMPDIR"]):
+    os.mkdir(_folder)
+  tempfile.tempdir = None  # Read TMPDIR again.
+
+# A run a test starts is one process of its own, though the shell that started
+# the tests is a step of a SLURM job or a TPU pod's worker: the variables that
+# run/distributed.py reads go (the tests of distribution set their own).
+for _name in list(os.environ):
+  if (_name.startswith(("SLURM_", "MEGASCALE_"))
+      or _name in ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES", "MAELM_DISTRIBUTED",
+                   "MAELM_COORDINATOR_ADDRESS", "MAELM_NUM_PROCESSES", "MAELM_PROCESS_ID",
+                   "MAELM_LOCAL_DEVICE_IDS", "MAELM_PEER_TIMEOUT_S")):
+    del os.environ[_name]
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -275,8 +297,8 @@ if COMPILE_LOG or CPU_LOG:
 
 
 def pytest_unconfigure(config):
-  """The controller (not an xdist worker) removes the cache it made."""
+  """The controller (not an xdist worker) removes the session folder it made."""
   if _OWN_CACHE and not hasattr(config, "workerinput"):
     import shutil  # pylint: disable=import-outside-toplevel
-    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-    os.close(_CACHE_HELD)
+    shutil.rmtree(_SESSION, ignore_errors=True)
+    os.close(_SESSION_HELD)

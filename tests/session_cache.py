@@ -13,6 +13,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 
 PARENT = os.path.join(tempfile.gettempdir(), f"maelm-test-jax-caches-{os.getuid()}")
 _LOCK = "held-by-a-live-session"
@@ -33,16 +34,24 @@ def open_session_folder(parent: str = PARENT) -> tuple[str, int]:
 
 
 def remove_abandoned(parent: str = PARENT) -> list[str]:
-  """Removes the session folders under `parent` whose lock no process holds;
-  returns them."""
+  """Removes the session folders under `parent` whose lock no process holds
+  (and those a session died making); returns them."""
   removed = []
   for name in sorted(os.listdir(parent)):
     folder = os.path.join(parent, name)
-    if not name.startswith("session-"):
+    if not name.startswith(("session-", "new-")):
       continue
     try:
       probe = os.open(os.path.join(folder, _LOCK), os.O_RDWR)
-    except FileNotFoundError:  # Another session's sweep removed it just now.
+    except FileNotFoundError:
+      # Another sweep removed it just now, or a session is making it: or one
+      # died making it, a minute or more ago.
+      try:
+        if name.startswith("new-") and time.time() - os.path.getmtime(folder) > 60:
+          shutil.rmtree(folder, ignore_errors=True)
+          removed.append(folder)
+      except FileNotFoundError:
+        pass
       continue
     try:
       fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)

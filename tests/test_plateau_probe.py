@@ -29,10 +29,10 @@ def test_crossing_step_interpolates_between_the_evaluations_around_it():
 
 
 def test_table_reads_the_recorded_flops_without_the_probes_workdir(tmp_path):
-  # The probe's /tmp workdir is gone (a restarted machine); the figure recorded
-  # with its results is enough for the table.
+  # The probe's workdir in the temporary folder is gone (a restarted machine);
+  # the figure recorded with its results is enough for the table.
   name = "probe_whose_workdir_is_gone"
-  assert not pathlib.Path(f"/tmp/probe_{name}").exists()
+  assert not plateau_probe.probe_workdir(name).exists()
   rows = [_row(100, 0.06), _row(200, 0.09), _row(300, 0.18)]
   results = tmp_path / "probes.jsonl"
   results.write_text("".join(

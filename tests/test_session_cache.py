@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from tests import session_cache
 
@@ -51,3 +52,13 @@ def test_a_killed_sessions_folder_goes_at_the_next_start_a_live_ones_stays(tmp_p
     live.wait()
   assert session_cache.remove_abandoned(str(parent)) == [live_folder]
   assert os.listdir(parent) == []
+
+
+def test_a_session_that_died_making_its_folder_leaves_it_for_a_minute_at_most(tmp_path):
+  parent = tmp_path / "caches"
+  old, young = parent / "new-old", parent / "new-young"
+  for folder in (old, young):
+    folder.mkdir(parents=True)
+  os.utime(old, (time.time() - 120, time.time() - 120))
+  assert session_cache.remove_abandoned(str(parent)) == [str(old)]
+  assert young.is_dir()  # Perhaps a session making it now.

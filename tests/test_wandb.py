@@ -56,6 +56,8 @@ def test_a_run_logs_its_scalars_config_and_plot_and_a_resume_continues_it(
     tmp_path, monkeypatch, tokenizer_file, plots_on):
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_SILENT", "true")
+  for folder in ("CACHE", "CONFIG", "DATA"):  # Not the user's ~/.cache and ~/.config.
+    monkeypatch.setenv(f"WANDB_{folder}_DIR", str(tmp_path / f"wandb_{folder.lower()}"))
   workdir = tmp_path / "run"
 
   def run(total_steps):
