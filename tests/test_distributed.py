@@ -43,6 +43,21 @@ def test_nothing_set_is_a_single_process():
   assert "no multi-process environment" in plan.describe()
 
 
+def test_the_tests_start_single_process_runs_from_inside_a_slurm_job_or_pod():
+  """The shell that starts the tests may be a step of a multi-task SLURM job or a
+  TPU pod's worker: the runs the tests start are still one process each (where
+  they planned a SLURM job, each refused to start outside srun)."""
+  caller = {**os.environ, **SLURM_STEP, **EXPLICIT, "MAELM_DISTRIBUTED": "slurm",
+            "TPU_WORKER_HOSTNAMES": "a,b", "MEGASCALE_NUM_SLICES": "2"}
+  assert detect(caller).kind == "slurm"
+  seen = subprocess.run(
+      [sys.executable, "-c", "import os\nimport tests.conftest\n"
+       "from maelm_jax.run import distributed\n"
+       "print(distributed.detect(os.environ).describe())"],
+      cwd=REPO, env=caller, capture_output=True, text=True, timeout=120, check=True)
+  assert seen.stdout.startswith("single process (no multi-process environment found")
+
+
 def test_explicit_variables():
   plan = detect(EXPLICIT)
   assert plan.kind == "explicit"
@@ -258,8 +273,10 @@ MAIN_ARGS = ["--config=configs/pretrain.py:objective=maelm,size=tiny",
 
 
 def run_script(args, env=None, **kwargs):
+  # The launchers read these (PYTHON: `make test PYTHON=python3.12` exports it).
   full_env = {k: v for k, v in os.environ.items()
-              if not k.startswith(("MAELM_", "SLURM_", "DRY_RUN")) and k != "LD_PRELOAD"}
+              if not k.startswith(("MAELM_", "SLURM_", "DRY_RUN"))
+              and k not in ("LD_PRELOAD", "PYTHON")}
   full_env.update(env or {})
   return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True,
                         env=full_env, timeout=60, **kwargs)
@@ -404,7 +421,7 @@ def test_tpu_pod_refuses_a_config_the_plan_says_does_not_fit(fake_cloud, tmp_pat
   out = run_script([TPU_POD_SH, "--tpu=t", "--zone=z", "--dry_run", "--", *MAIN_ARGS,
                     "--workdir=/w"], env={**env, "FAKE_PLAN_EXIT": "1"})
   assert out.returncode == 2 and out.stdout == ""
-  assert "--skip_plan" in out.stderr
+  assert "the plan failed (exit 1" in out.stderr and "--skip_plan" in out.stderr
   # No gcloud and no --topology: said before anything runs. The PATH is the
   # system's without gcloud, which /usr/bin may hold: there a real gcloud asked
   # the cloud (with its user's account) for TPU "t" and failed otherwise.
