@@ -150,11 +150,20 @@ ORGANISATION_WORDS = re.compile(
     r"\bcarried (?:in|folders?|text)\b|\bthe carried\b|\bissues? \d+\b", re.IGNORECASE)
 
 
-def test_no_words_of_how_the_work_was_organised():
-  tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True,
-                           text=True, check=False).stdout.split()
-  if not tracked:
+def tracked_files(*patterns) -> list[str]:
+  """The checkout's tracked files (matching `patterns`). Skips only outside a git
+  checkout: a git that fails in one (a "dubious ownership" refusal, say) fails the
+  test rather than skip what it guards."""
+  if not (REPO / ".git").exists():
     pytest.skip("not a git checkout")
+  listed = subprocess.run(["git", "ls-files", *patterns], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+  assert listed.returncode == 0, f"git ls-files failed: {listed.stderr.strip()}"
+  return listed.stdout.split()
+
+
+def test_no_words_of_how_the_work_was_organised():
+  tracked = tracked_files()
   hits = []
   for name in tracked:
     path = REPO / name
@@ -176,10 +185,7 @@ def test_no_tracked_file_outside_the_tests_cites_a_folder_a_reader_lacks():
   instead, and a default scratch path is `tempfile.gettempdir()`'s (in a shell
   script, `${TMPDIR:-/tmp}`). (Recorded environment values, such as a soak's
   LD_PRELOAD, are data, not paths to follow.)"""
-  tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True,
-                           text=True, check=False).stdout.split()
-  if not tracked:
-    pytest.skip("not a git checkout")
+  tracked = tracked_files()
   pattern = re.compile(r"\.\./shared/|(?<![\w.])/(?:work|tmp)/")
   hits = []
   for name in tracked:
@@ -201,11 +207,7 @@ def test_commands_and_imports_use_the_modules_new_names():
   them. Their own record (the changelog, the shim, its test, the architecture
   guide that explains them) is left out."""
   from maelm_jax import _MOVED  # pylint: disable=import-outside-toplevel
-  tracked = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.sh", "*.ipynb",
-                            "*.toml", "Makefile"], cwd=REPO, capture_output=True,
-                           text=True, check=False).stdout.split()
-  if not tracked:
-    pytest.skip("not a git checkout")
+  tracked = tracked_files("*.md", "*.py", "*.sh", "*.ipynb", "*.toml", "Makefile")
   record = {"CHANGELOG.md", "maelm_jax/__init__.py", "tests/test_layers.py",
             "docs/architecture.md", "tests/test_docs.py"}
   old_name = re.compile(r"\bmaelm_jax\.(" + "|".join(sorted(_MOVED)) + r")\b")
