@@ -202,6 +202,22 @@ def test_a_cpu_command_keeps_libtpus_probe_to_itself(tmp_path):
     assert chatter not in done.stderr, done.stderr[-2000:]
 
 
+def test_a_command_that_imported_jax_first_is_kept_from_libtpus_probe_too():
+  """blimp, analyze, compare and the sweeps import JAX with their module, before
+  `cli.run`: JAX had read JAX_PLATFORMS by then, and setting the variable alone
+  left their probe of the TPU (and its trace) as it was."""
+  pytest.importorskip("libtpu")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  done = subprocess.run(
+      [sys.executable, "-c", "import jax\nfrom maelm_jax.core import cli\n"
+       "cli._no_accelerator_probe()\nprint(jax.config.jax_platforms, jax.default_backend())"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split() == ["cpu", "cpu"]
+  for chatter in ("libtpu", "backend 'tpu'", "Source Location Trace"):
+    assert chatter not in done.stderr, done.stderr[-2000:]
+
+
 def test_only_a_closed_event_loops_callback_error_is_kept_quiet():
   """The traceback TensorStore's callbacks print once orbax has closed its loop
   is dropped; the same message raised anywhere else is not."""

@@ -159,6 +159,10 @@ def _no_accelerator_probe() -> None:
   if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
     return
   os.environ["JAX_PLATFORMS"] = "cpu"
+  # JAX reads the variable once, at its import: a command whose module imported
+  # it (blimp, analyze, compare, the sweeps) is told through its config.
+  if "jax" in sys.modules:
+    sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
 def _define_verbose() -> None:
