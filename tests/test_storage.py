@@ -63,13 +63,20 @@ def _tries_of_one_listing():
 def test_maelm_gcs_retries_bounds_the_tries_of_a_gcsfs_request(
     unavailable_store, monkeypatch, tries):
   del unavailable_store
-  monkeypatch.setitem(storage.GCS_RETRIES, "max_retries", tries)
-  monkeypatch.setenv("MAELM_GCS_RETRIES", str(tries))
+  monkeypatch.setenv("MAELM_GCS_RETRIES", str(tries))  # After storage's import.
   storage.configure()
   assert _tries_of_one_listing() == tries
   # The tries of TensorStore's requests are bounded by the same number.
   from orbax.checkpoint._src.serialization import tensorstore_utils  # pylint: disable=import-outside-toplevel
   assert tensorstore_utils._BASE_TS_CONTEXT["gcs_request_retries"]["max_retries"] == tries  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("value", ["ten", "-1", "2.5"])
+def test_a_bad_maelm_gcs_retries_is_named_when_the_store_is_configured(
+    monkeypatch, value):
+  monkeypatch.setenv("MAELM_GCS_RETRIES", value)
+  with pytest.raises(ValueError, match=f"MAELM_GCS_RETRIES='{value}' is not a whole"):
+    storage.configure()
 
 
 def test_without_the_variable_gcsfs_keeps_its_own_retries(monkeypatch):

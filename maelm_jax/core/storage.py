@@ -117,7 +117,7 @@ def check_local(path: str, flag: str) -> None:
 
 def configure() -> None:
   """Points TensorStore at the emulator the Google clients are pointed at,
-  bounds its retries (`GCS_RETRIES`), and
+  bounds its retries (`gcs_retries`), and
   keeps gcsfs's probe of the bucket type (a warning per call without
   credentials, as under an emulator) and its read-ahead notes out of the log."""
   emulator = os.environ.get("STORAGE_EMULATOR_HOST")
@@ -150,8 +150,18 @@ def configure() -> None:
 # command resumes. 8 retries from 1 s, doubling to 32 s: about 2 minutes.
 # MAELM_GCS_RETRIES bounds gcsfs's tries of a request too (its own 6, about
 # 33 s a request, and a save makes several in a row).
-GCS_RETRIES = {"max_retries": int(os.environ.get("MAELM_GCS_RETRIES", "8")),
-               "initial_delay": "1s", "max_delay": "32s"}
+def gcs_retries() -> dict:
+  """TensorStore's `gcs_request_retries`: MAELM_GCS_RETRIES retries (8 unless
+  set), read when asked, so a variable set after the import (a notebook) counts."""
+  value = os.environ.get("MAELM_GCS_RETRIES", "").strip()
+  try:
+    tries = int(value) if value else 8
+  except ValueError:
+    tries = -1
+  if tries < 0:
+    raise ValueError(f"MAELM_GCS_RETRIES={value!r} is not a whole number of 0 or "
+                     "more: how many times a failed GCS request is retried (8 if unset)")
+  return {"max_retries": tries, "initial_delay": "1s", "max_delay": "32s"}
 
 
 def _bound_tensorstore_retries() -> None:
@@ -165,7 +175,7 @@ def _bound_tensorstore_retries() -> None:
   for template in ("_BASE_TS_CONTEXT", "_DEFAULT_OCDBT_TS_CONTEXT"):
     context = getattr(tensorstore_utils, template, None)
     if isinstance(context, dict):
-      context["gcs_request_retries"] = dict(GCS_RETRIES)
+      context["gcs_request_retries"] = gcs_retries()
 
 
 def _plain_gcsfs_for_an_emulator() -> None:
@@ -197,7 +207,7 @@ def _bound_gcsfs_retries() -> None:
     from gcsfs import retry  # pylint: disable=import-outside-toplevel
   except ImportError:
     return
-  tries = max(1, GCS_RETRIES["max_retries"])
+  tries = max(1, gcs_retries()["max_retries"])
   for cls in {gcsfs.core.GCSFileSystem, gcsfs.GCSFileSystem}:  # (plain, extended)
     for name in ("_request", "_get_file_request", "_get_file_concurrent"):
       method = cls.__dict__.get(name)

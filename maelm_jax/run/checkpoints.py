@@ -339,7 +339,7 @@ class Manager(ocp.CheckpointManager):
     newest = getattr(self, "_newest_complete", None)
     return (f"{storage.bucket_url(str(self.directory))} stopped answering "
             f"({type(error).__name__}: {str(error).splitlines()[0][:160]}), after "
-            f"{storage.GCS_RETRIES['max_retries']} retries with backoff. Nothing was "
+            f"{storage.gcs_retries()['max_retries']} retries with backoff. Nothing was "
             "lost: " + (f"step {newest} is the newest complete checkpoint there, "
                         "and a step it did not finish is never restored"
                         if newest else "no checkpoint was completed")
