@@ -66,3 +66,11 @@ def test_a_sweeps_figure_is_each_rates_median_and_seed_range(tmp_path):
   assert rates == [1e-5, 2e-5]
   assert medians == pytest.approx([65.0, 70.0])
   assert lows == pytest.approx([60.0, 50.0]) and highs == pytest.approx([70.0, 72.0])
+
+
+@pytest.mark.parametrize("value,drawn", [
+    ("0", False), ("false", False), ("No", False), (" off ", False),
+    ("1", True), ("true", True), ("", True)])
+def test_maelm_plots_turns_figures_off_in_the_words_people_write(monkeypatch, value, drawn):
+  monkeypatch.setenv("MAELM_PLOTS", value)
+  assert plots.enabled() is drawn

@@ -254,3 +254,17 @@ def test_a_pretraining_past_max_runtime_saves_and_the_same_command_goes_on(
   assert "stopped_by" not in last
   assert [r["step"] for r in workdir_lib.read_metrics(workdir)] == [1, 2, 3, 4, 5, 6]
   assert checkpoints.committed_steps(workdir)[-1] == 6
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "60s", "inf"])
+def test_a_lease_length_that_cannot_work_is_named_before_the_lease_is_taken(
+    monkeypatch, value):
+  """Zero or less renewed without pause and expired at once (a second run took
+  the workdir over); '60s' failed in float() naming no variable."""
+  monkeypatch.setenv("MAELM_LEASE_SECONDS", value)
+  with pytest.raises(ValueError, match=f"MAELM_LEASE_SECONDS='{value}' is not a number"):
+    workdir_lib.Lease("gs://bucket/run")
+  monkeypatch.setenv("MAELM_LEASE_SECONDS", "2.5")
+  assert workdir_lib.Lease("gs://bucket/run").seconds == 2.5
+  monkeypatch.delenv("MAELM_LEASE_SECONDS")
+  assert workdir_lib.Lease("gs://bucket/run").seconds == workdir_lib.LEASE_SECONDS

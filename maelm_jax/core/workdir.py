@@ -225,6 +225,21 @@ class Lock:
     self.release()
 
 
+def _lease_seconds() -> float:
+  """MAELM_LEASE_SECONDS (LEASE_SECONDS unless set): how long a bucket workdir's
+  lease lasts unrenewed. Zero or less would renew without pause and expire at once."""
+  value = os.environ.get("MAELM_LEASE_SECONDS", "").strip()
+  try:
+    seconds = float(value) if value else float(LEASE_SECONDS)
+  except ValueError:
+    seconds = 0.0
+  if not seconds > 0 or seconds == float("inf"):
+    raise ValueError(f"MAELM_LEASE_SECONDS={value!r} is not a number of seconds above 0 "
+                     f"(how long a bucket workdir's lease lasts unrenewed; "
+                     f"{LEASE_SECONDS} if unset)")
+  return seconds
+
+
 class Lease:
   """`<gs workdir>/.lock`: an object created only where none exists (a
   generation precondition, GCS's atomic create), renewed every quarter of
@@ -240,7 +255,7 @@ class Lease:
   def __init__(self, url: str):
     self.url = storage.absolute(url)
     self.path = f"{self.url}/{LOCK_FILE}"
-    self.seconds = float(os.environ.get("MAELM_LEASE_SECONDS", LEASE_SECONDS))
+    self.seconds = _lease_seconds()
     self._generation = None
     self._stop = threading.Event()
     self._renewer = None

@@ -29,8 +29,9 @@ FINETUNING_FILENAME = "finetuning_curve.png"
 
 
 def enabled() -> bool:
-  """False where MAELM_PLOTS=0: the runs draw no figures."""
-  return os.environ.get("MAELM_PLOTS", "1").strip() != "0"
+  """False where MAELM_PLOTS is 0, false, no or off: the runs draw no figures."""
+  return os.environ.get("MAELM_PLOTS", "1").strip().lower() not in ("0", "false", "no",
+                                                                   "off")
 
 
 def _series(records, key, scale=1.0):
