@@ -118,6 +118,24 @@ def test_an_emulator_is_sent_no_credentials_of_the_machines_account(
                                   ).credentials.method == "google_default"
 
 
+@pytest.mark.parametrize("host,address", [
+    ("default", "https://storage.googleapis.com"), ("", "https://storage.googleapis.com"),
+    ("127.0.0.1:9023", "http://127.0.0.1:9023")])
+def test_storage_emulator_host_default_is_googles_own_service_as_for_gcsfs(
+    monkeypatch, host, address):
+  """gcsfs reads STORAGE_EMULATOR_HOST=default as no emulator; so do the bucket
+  checks, and TensorStore is pointed at none."""
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", "unset")  # Restored after the test.
+  monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL")
+  monkeypatch.setattr(fsspec.config, "conf", {})
+  assert storage.endpoint() == address
+  if not host.startswith("127"):  # (The emulator's settings: the tests above.)
+    storage.configure()
+    assert "TENSORSTORE_GCS_HTTP_URL" not in os.environ
+    assert "gs" not in fsspec.config.conf  # Google's service gets the account.
+
+
 def test_a_mirror_whose_last_push_failed_keeps_its_files_and_says_where(
     tmp_path, monkeypatch, caplog):
   """A bucket workdir's local mirror is deleted at the run's end only once the

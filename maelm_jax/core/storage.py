@@ -115,12 +115,19 @@ def check_local(path: str, flag: str) -> None:
                      "read, --config.init_from, may be gs://)")
 
 
+def _emulator_host() -> str:
+  """STORAGE_EMULATOR_HOST, or "" where it names none: unset, empty, or
+  "default", which gcsfs reads as Google's own service."""
+  host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+  return "" if host == "default" else host
+
+
 def configure() -> None:
   """Points TensorStore at the emulator the Google clients are pointed at,
   bounds its retries (`gcs_retries`), and
   keeps gcsfs's probe of the bucket type (a warning per call without
   credentials, as under an emulator) and its read-ahead notes out of the log."""
-  emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+  emulator = _emulator_host()
   if emulator:
     if not emulator.startswith("http"):
       emulator = "http://" + emulator
@@ -221,7 +228,7 @@ def _bound_gcsfs_retries() -> None:
 
 def endpoint() -> str:
   """The GCS JSON API's address: the emulator's where one is set."""
-  host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+  host = _emulator_host()
   if host and not host.startswith("http"):
     host = "http://" + host
   return host.rstrip("/") or "https://storage.googleapis.com"
