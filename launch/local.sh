@@ -79,6 +79,11 @@ is_positive_int "$devices_per_process" ||
   die "--devices_per_process='$devices_per_process' must be a positive integer (it is required)"
 [[ "$platform" == cpu || "$platform" == gpu ]] ||
   die "--platform='$platform' must be cpu or gpu"
+# A JAX_PLATFORMS exported in this shell reaches every process: without cuda in
+# it, a GPU launch would train on the CPU, said only in each process's device list.
+if [[ "$platform" == gpu && -n "${JAX_PLATFORMS:-}" && "${JAX_PLATFORMS,,}" != *cuda* && "${JAX_PLATFORMS,,}" != *gpu* ]]; then
+  die "JAX_PLATFORMS=$JAX_PLATFORMS in this shell would keep the processes off the GPUs (--platform=gpu): unset it, or name cuda in it"
+fi
 if [[ -n "$port" ]]; then
   is_positive_int "$port" && ((port < 65536)) || die "--port='$port' must be in 1..65535"
 fi

@@ -273,10 +273,11 @@ MAIN_ARGS = ["--config=configs/pretrain.py:objective=maelm,size=tiny",
 
 
 def run_script(args, env=None, **kwargs):
-  # The launchers read these (PYTHON: `make test PYTHON=python3.12` exports it).
+  # The launchers read these (PYTHON: `make test PYTHON=python3.12` exports it;
+  # JAX_PLATFORMS: conftest.py's cpu, which a GPU launch refuses).
   full_env = {k: v for k, v in os.environ.items()
               if not k.startswith(("MAELM_", "SLURM_", "DRY_RUN"))
-              and k not in ("LD_PRELOAD", "PYTHON")}
+              and k not in ("LD_PRELOAD", "PYTHON", "JAX_PLATFORMS")}
   full_env.update(env or {})
   return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True,
                         env=full_env, timeout=60, **kwargs)
@@ -357,6 +358,23 @@ def test_local_usage_errors(args, message):
                    [LOCAL_SH, "--dry_run", *args])
   assert out.returncode == 2
   assert message in out.stderr
+
+
+@pytest.mark.parametrize("platforms,refused", [("cpu", True), ("cuda", False),
+                                               ("cuda,cpu", False), ("", False)])
+def test_a_gpu_launch_refuses_a_shells_jax_platforms_without_cuda(platforms, refused):
+  """Exported in the shell, JAX_PLATFORMS=cpu reached every process of a GPU launch,
+  which then trained on the CPU."""
+  out = run_script([LOCAL_SH, "--dry_run", "--platform=gpu", "--num_processes=2",
+                    "--devices_per_process=4", "--", *MAIN_ARGS, "--workdir=/w"],
+                   env={"JAX_PLATFORMS": platforms})
+  if refused:
+    assert out.returncode == 2 and out.stdout == ""
+    assert "JAX_PLATFORMS=cpu in this shell would keep the processes off the GPUs" in (
+        out.stderr)
+  else:
+    assert out.returncode == 0, out.stderr
+    assert "maelm_jax.main" in out.stdout
 
 
 @pytest.fixture
