@@ -24,7 +24,8 @@ def open_session_folder(parent: str = PARENT) -> tuple[str, int]:
   after removing the folders of sessions that died."""
   os.makedirs(parent, exist_ok=True)
   remove_abandoned(parent)
-  # Locked before it bears the name the sweep reads, so no sweep sees it unheld.
+  # Locked before it bears the name whose lock a sweep reads (a `new-` folder
+  # goes only a minute old), so no sweep sees it unheld.
   staging = tempfile.mkdtemp(prefix="new-", dir=parent)
   held = os.open(os.path.join(staging, _LOCK), os.O_CREAT | os.O_RDWR, 0o600)
   fcntl.flock(held, fcntl.LOCK_EX)
@@ -39,19 +40,19 @@ def remove_abandoned(parent: str = PARENT) -> list[str]:
   removed = []
   for name in sorted(os.listdir(parent)):
     folder = os.path.join(parent, name)
-    if not name.startswith(("session-", "new-")):
+    if name.startswith("new-"):  # Being made now, or its maker died making it.
+      try:
+        if time.time() - os.path.getmtime(folder) > 60:
+          shutil.rmtree(folder, ignore_errors=True)
+          removed.append(folder)
+      except FileNotFoundError:  # Renamed or removed just now.
+        pass
+      continue
+    if not name.startswith("session-"):
       continue
     try:
       probe = os.open(os.path.join(folder, _LOCK), os.O_RDWR)
-    except FileNotFoundError:
-      # Another sweep removed it just now, or a session is making it: or one
-      # died making it, a minute or more ago.
-      try:
-        if name.startswith("new-") and time.time() - os.path.getmtime(folder) > 60:
-          shutil.rmtree(folder, ignore_errors=True)
-          removed.append(folder)
-      except FileNotFoundError:
-        pass
+    except FileNotFoundError:  # Another session's sweep removed it just now.
       continue
     try:
       fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)

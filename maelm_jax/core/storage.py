@@ -115,11 +115,13 @@ def check_local(path: str, flag: str) -> None:
                      "read, --config.init_from, may be gs://)")
 
 
-def _emulator_host() -> str:
-  """STORAGE_EMULATOR_HOST, or "" where it names none: unset, empty, or
-  "default", which gcsfs reads as Google's own service."""
+def _emulator_url() -> str:
+  """STORAGE_EMULATOR_HOST as a URL, or "" where it names no emulator: unset,
+  empty, or "default", which gcsfs reads as Google's own service."""
   host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
-  return "" if host == "default" else host
+  if host in ("", "default"):
+    return ""
+  return host if host.startswith("http") else "http://" + host
 
 
 def configure() -> None:
@@ -127,10 +129,8 @@ def configure() -> None:
   bounds its retries (`gcs_retries`), and
   keeps gcsfs's probe of the bucket type (a warning per call without
   credentials, as under an emulator) and its read-ahead notes out of the log."""
-  emulator = _emulator_host()
+  emulator = _emulator_url()
   if emulator:
-    if not emulator.startswith("http"):
-      emulator = "http://" + emulator
     os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", emulator)
     # No credentials to find: google.auth would probe a GCE metadata server for
     # seconds on every client gcsfs makes. Both read the word in lower case.
@@ -228,10 +228,7 @@ def _bound_gcsfs_retries() -> None:
 
 def endpoint() -> str:
   """The GCS JSON API's address: the emulator's where one is set."""
-  host = _emulator_host()
-  if host and not host.startswith("http"):
-    host = "http://" + host
-  return host.rstrip("/") or "https://storage.googleapis.com"
+  return _emulator_url().rstrip("/") or "https://storage.googleapis.com"
 
 
 def reachable(url: str, timeout: float = 5.0) -> bool:
