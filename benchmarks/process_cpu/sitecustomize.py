@@ -48,8 +48,9 @@ def summary(path):
   with open(path, encoding="utf-8") as f:
     for line in f:
       record = json.loads(line)
-      n, cpu = kinds.get(_kind(record["argv"]), (0, 0.0))
-      kinds[_kind(record["argv"])] = (n + 1, cpu + record["cpu"])
+      kind = _kind(record["argv"])
+      n, cpu = kinds.get(kind, (0, 0.0))
+      kinds[kind] = (n + 1, cpu + record["cpu"])
   for kind, (n, cpu) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
     print(f"{cpu:8.1f} CPU-s {n:5d} processes  {kind}")
 
