@@ -10,7 +10,7 @@ import time
 import pytest
 
 from configs import glue as glue_config
-from maelm_jax.run import config_lib, run_session
+from maelm_jax.run import config_lib, preemption, run_session
 from maelm_jax.core import workdir as workdir_lib
 from maelm_jax.finetune import run as finetune_run
 from tests.helpers import tiny_config
@@ -146,6 +146,52 @@ def test_session_files_stop_signal_and_close(tmp_path, loop):
       raise RuntimeError("boom")
   assert manager.calls == ["wait", "close"]
   assert signal.getsignal(signal.SIGTERM) == previous
+
+
+def test_a_second_ctrl_c_aborts_without_waiting_for_the_save(tmp_path):
+  """Ctrl-C once: save at the next step boundary and stop, as for SIGTERM.
+  Ctrl-C again while that is under way: abort at once (KeyboardInterrupt). The
+  installed handler is called as the signal would call it (a real SIGINT could
+  reach pytest-xdist); SIGINT starts at Python's default, as from a terminal."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
+    handler = signal.getsignal(signal.SIGINT)
+    assert handler is not signal.default_int_handler
+    assert not watcher.reached(1)
+    handler(signal.SIGINT, None)
+    assert watcher.signal_name == "SIGINT" and watcher.reached(2)
+    with pytest.raises(KeyboardInterrupt):
+      handler(signal.SIGINT, None)
+    watcher.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  finally:
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_ignored_ctrl_c_stays_ignored_and_other_threads_set_no_handler(
+    tmp_path, caplog):
+  """A run started in the background of a script inherits SIGINT ignored, as the
+  shell meant: it stays ignored, SIGTERM is still the watcher's. A watcher made
+  outside the main thread, where Python sets no handlers, says so per signal."""
+  import threading  # pylint: disable=g-import-not-at-top
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert getattr(signal.getsignal(signal.SIGTERM), "__self__", None) is watcher
+    watcher.close()
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  before = signal.getsignal(signal.SIGTERM)
+  thread = threading.Thread(
+      target=lambda: preemption.PreemptionWatcher(FakeManager(str(tmp_path))))
+  thread.start()
+  thread.join()
+  assert signal.getsignal(signal.SIGTERM) is before
+  said = [r.getMessage() for r in caplog.records if "not in the main thread" in
+          r.getMessage()]
+  assert "not in the main thread: SIGTERM will not save a checkpoint" in said, said
 
 
 @pytest.mark.parametrize("loop", [0, 1], ids=["pretraining", "fine-tuning"])
