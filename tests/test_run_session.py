@@ -154,8 +154,8 @@ def test_a_second_ctrl_c_aborts_without_waiting_for_the_save(tmp_path):
   installed handler is called as the signal would call it (a real SIGINT could
   reach pytest-xdist); SIGINT starts at Python's default, as from a terminal."""
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
   try:
-    watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
     handler = signal.getsignal(signal.SIGINT)
     assert handler is not signal.default_int_handler
     assert not watcher.reached(1)
@@ -163,10 +163,11 @@ def test_a_second_ctrl_c_aborts_without_waiting_for_the_save(tmp_path):
     assert watcher.signal_name == "SIGINT" and watcher.reached(2)
     with pytest.raises(KeyboardInterrupt):
       handler(signal.SIGINT, None)
-    watcher.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
   finally:
+    watcher.close()  # SIGTERM's handler and SIGINT's given back, as a run's close.
+    given_back = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, previous)
+  assert given_back is signal.default_int_handler
 
 
 def test_an_ignored_ctrl_c_stays_ignored_and_other_threads_set_no_handler(
@@ -176,12 +177,12 @@ def test_an_ignored_ctrl_c_stays_ignored_and_other_threads_set_no_handler(
   outside the main thread, where Python sets no handlers, says so per signal."""
   import threading  # pylint: disable=g-import-not-at-top
   previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
   try:
-    watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert getattr(signal.getsignal(signal.SIGTERM), "__self__", None) is watcher
-    watcher.close()
   finally:
+    watcher.close()
     signal.signal(signal.SIGINT, previous)
   before = signal.getsignal(signal.SIGTERM)
   thread = threading.Thread(
