@@ -2,9 +2,11 @@
 write, the lock, config.json and metrics.jsonl as of the step a run goes on
 from, the stop signal and its one message, and closing on every exit."""
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -148,14 +150,28 @@ def test_session_files_stop_signal_and_close(tmp_path, loop):
   assert signal.getsignal(signal.SIGTERM) == previous
 
 
+@contextlib.contextmanager
+def watcher_with_sigint(tmp_path, disposition, given_back):
+  """A PreemptionWatcher made while SIGINT is `disposition`; closed on leaving
+  (even after a failed assert), then SIGINT put back as the test found it.
+  `given_back` gets what the watcher's close left SIGINT at."""
+  previous = signal.signal(signal.SIGINT, disposition)
+  watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
+  try:
+    yield watcher
+  finally:
+    watcher.close()
+    given_back.append(signal.getsignal(signal.SIGINT))
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_a_second_ctrl_c_aborts_without_waiting_for_the_save(tmp_path):
   """Ctrl-C once: save at the next step boundary and stop, as for SIGTERM.
   Ctrl-C again while that is under way: abort at once (KeyboardInterrupt). The
   installed handler is called as the signal would call it (a real SIGINT could
   reach pytest-xdist); SIGINT starts at Python's default, as from a terminal."""
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
-  try:
+  given_back = []
+  with watcher_with_sigint(tmp_path, signal.default_int_handler, given_back) as watcher:
     handler = signal.getsignal(signal.SIGINT)
     assert handler is not signal.default_int_handler
     assert not watcher.reached(1)
@@ -163,11 +179,7 @@ def test_a_second_ctrl_c_aborts_without_waiting_for_the_save(tmp_path):
     assert watcher.signal_name == "SIGINT" and watcher.reached(2)
     with pytest.raises(KeyboardInterrupt):
       handler(signal.SIGINT, None)
-  finally:
-    watcher.close()  # SIGTERM's handler and SIGINT's given back, as a run's close.
-    given_back = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, previous)
-  assert given_back is signal.default_int_handler
+  assert given_back == [signal.default_int_handler]
 
 
 def test_an_ignored_ctrl_c_stays_ignored_and_other_threads_set_no_handler(
@@ -175,15 +187,9 @@ def test_an_ignored_ctrl_c_stays_ignored_and_other_threads_set_no_handler(
   """A run started in the background of a script inherits SIGINT ignored, as the
   shell meant: it stays ignored, SIGTERM is still the watcher's. A watcher made
   outside the main thread, where Python sets no handlers, says so per signal."""
-  import threading  # pylint: disable=g-import-not-at-top
-  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-  watcher = preemption.PreemptionWatcher(FakeManager(str(tmp_path)))
-  try:
+  with watcher_with_sigint(tmp_path, signal.SIG_IGN, []) as watcher:
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert getattr(signal.getsignal(signal.SIGTERM), "__self__", None) is watcher
-  finally:
-    watcher.close()
-    signal.signal(signal.SIGINT, previous)
   before = signal.getsignal(signal.SIGTERM)
   thread = threading.Thread(
       target=lambda: preemption.PreemptionWatcher(FakeManager(str(tmp_path))))
