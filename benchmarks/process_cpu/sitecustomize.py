@@ -18,9 +18,6 @@ another: `python benchmarks/process_cpu/sitecustomize.py --cache <file>`.
 """
 
 import atexit
-import collections
-import importlib.abc
-import importlib.util
 import json
 import os
 import resource
@@ -68,13 +65,14 @@ def summary(path):
 def _log_cache_events(module, path):
   """Wraps jax._src.compilation_cache's read and write of an executable."""
   put, get = module.put_executable_and_time, module.get_executable_and_time
+  process = _kind(sys.orig_argv)
 
   def record(kind, key, seconds):
     test = os.environ.get("PYTEST_CURRENT_TEST", "-").rsplit(" (", 1)[0]
     with open(path, "a", encoding="utf-8") as f:
       f.write(json.dumps({"event": kind, "key": key, "seconds": seconds,
                           "pid": os.getpid(), "time": time.time(), "test": test,
-                          "process": _kind(sys.orig_argv)}) + "\n")
+                          "process": process}) + "\n")
 
   def put_logged(cache_key, module_name, executable, backend, compile_time):
     record("miss", cache_key, compile_time)
@@ -89,9 +87,9 @@ def _log_cache_events(module, path):
   module.put_executable_and_time, module.get_executable_and_time = put_logged, get_logged
 
 
-class _WrapCacheOnImport(importlib.abc.MetaPathFinder):
-  """Wraps the cache module when JAX imports it (importing JAX here would cost
-  every process the suite starts its import)."""
+class _WrapCacheOnImport:
+  """A `sys.meta_path` finder that wraps the cache module when JAX imports it
+  (importing JAX here would cost every process the suite starts its import)."""
 
   def __init__(self, path):
     self.path = path
@@ -100,6 +98,7 @@ class _WrapCacheOnImport(importlib.abc.MetaPathFinder):
     del path, target
     if name != "jax._src.compilation_cache":
       return None
+    import importlib.util  # pylint: disable=g-import-not-at-top
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(name)
     exec_module = spec.loader.exec_module
@@ -114,6 +113,7 @@ class _WrapCacheOnImport(importlib.abc.MetaPathFinder):
 def cache_summary(path):
   """Compile seconds by program name, in the test processes and in the runs
   they start, and the hits each had of programs the other compiled."""
+  import collections  # pylint: disable=g-import-not-at-top
   events = [json.loads(line) for line in open(path, encoding="utf-8")]
   in_tests = lambda e: e["process"] in ("pytest-xdist worker", "pytest")
   made_in_tests = {}
