@@ -18,9 +18,11 @@ $(VENV)/.installed: $(VENV)/bin/activate setup.py
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+# (One pip run, not `install`'s and then the extras': the test environment has
+# the package too.)
+$(VENV)/.installed-test: $(VENV)/bin/activate setup.py
 	$(PY) -m pip install -q -e '.[test]'
-	touch $@
+	touch $(VENV)/.installed $@
 
 # Exports must load in the transformers users install today (5.x, no Flax models)
 # as well as in 4.57 (the test venv's pin): a second environment, no JAX in it,
@@ -32,7 +34,13 @@ $(TRANSFORMERS5)/.installed: $(VENV)/bin/activate
 	touch $@
 
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test $(TRANSFORMERS5)/.installed
+# The two environments install side by side: each pip keeps one core busy
+# (a fresh clone's `make install-test` 95-101 s against 125-157 s one after the
+# other; benchmarks/test-suite-cost.md). `-q` first: nothing said when both are
+# up to date.
+TEST_ENVS := $(VENV)/.installed-test $(TRANSFORMERS5)/.installed
+install-test: $(VENV)/bin/activate
+	@$(MAKE) --no-print-directory -q $(TEST_ENVS) || $(MAKE) --no-print-directory -j2 $(TEST_ENVS)
 
 demo: install
 	$(PY) -m maelm_jax.main --config=configs/demo.py --workdir=$(WORKDIR)
