@@ -36,8 +36,10 @@ def trace_a_scan_of_matmuls(trace_dir) -> float:
   iteration, and that broadcast took up to a quarter of the op time, enough
   for elementwise work to outweigh the matmuls on a busy machine. relu, not
   tanh: XLA:CPU's older fusion emitters (the tests', conftest.py) take as long
-  for a tanh as for the matmul before it."""
-  w = jnp.full((768, 768), 1e-3)
+  for a tanh as for the matmul before it. 64 rows of 2048 against a 2048-square
+  weight: 2048 multiply-adds for each element the relu touches (768 at 768
+  square)."""
+  w = jnp.full((2048, 2048), 1e-3)
 
   @jax.jit
   def f(x, w):
@@ -45,7 +47,7 @@ def trace_a_scan_of_matmuls(trace_dir) -> float:
       return jnp.maximum(c @ w, 0.0), None
     return jax.lax.scan(body, x, None, length=3)[0].sum()
 
-  x = jnp.ones((768, 768))
+  x = jnp.ones((64, 2048))
   f(x, w).block_until_ready()
   start = time.perf_counter()
   with jax.profiler.trace(str(trace_dir)):
@@ -54,10 +56,20 @@ def trace_a_scan_of_matmuls(trace_dir) -> float:
   return time.perf_counter() - start
 
 
+def least_disturbed_trace(tmp_path, traces=3):
+  """The trace of the fastest of `traces` runs of `trace_a_scan_of_matmuls`, and
+  its wall time: ops are timed by the wall clock, and one stall of the busy
+  machine inside a relu (60 ms of a trace's 136, in a full `make test`) once put
+  the elementwise work ahead of the matmuls."""
+  walls = [(trace_a_scan_of_matmuls(tmp_path / str(i)), tmp_path / str(i))
+           for i in range(traces)]
+  return min(walls)
+
+
 def test_summary_of_a_real_trace_finds_the_matmuls_inside_scan(tmp_path):
   """The matmuls dominate, the enclosing `while` is charged almost nothing, and
   op time does not exceed the traced wall time."""
-  wall = trace_a_scan_of_matmuls(tmp_path)
+  wall, tmp_path = least_disturbed_trace(tmp_path)
   events = profiling.op_events(str(tmp_path))
   total = sum(s for _, _, s in events)
   assert 0 < total <= wall
@@ -79,7 +91,7 @@ def test_a_process_that_planned_for_tpu_still_profiles_its_cpu_steps(tmp_path):
   if plan.libtpu_problem():
     pytest.skip(plan.libtpu_problem())
   plan.topology_devices("v5e:2x2")
-  wall = trace_a_scan_of_matmuls(tmp_path)
+  wall, tmp_path = least_disturbed_trace(tmp_path)
   events = profiling.op_events(str(tmp_path))
   assert 0 < sum(s for _, _, s in events) <= wall
   assert profiling.summarize(events, "kind")[0].name.startswith("matmul")
