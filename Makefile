@@ -39,7 +39,7 @@ install: $(VENV)/.installed
 # other; benchmarks/test-suite-cost.md). `-q` first: nothing said when both are
 # up to date.
 TEST_ENVS := $(VENV)/.installed-test $(TRANSFORMERS5)/.installed
-install-test: $(VENV)/bin/activate
+install-test:
 	@$(MAKE) --no-print-directory -q $(TEST_ENVS) || $(MAKE) --no-print-directory -j2 $(TEST_ENVS)
 
 demo: install
